@@ -1,0 +1,41 @@
+"""`litquant`: every `litgpt` command, unchanged, plus litquant's own.
+
+litgpt builds its CLI from a fixed dict with no plugin hook, and a second package installing a `litgpt`
+script would overwrite litgpt's own, so litquant is a superset under its own name. `generate` and `chat`
+are litquant's versions: they also load quantized checkpoints, and plain ones as before.
+"""
+import warnings
+
+import torch
+from jsonargparse import CLI, set_config_read_mode, set_docstring_parse_options
+from litgpt.__main__ import PARSER_DATA as LITGPT_COMMANDS
+
+from litquant.demo import demo
+from litquant.generate import chat, generate
+from litquant.gguf import convert_gguf_to_litgpt
+from litquant.kernels import kernels
+from litquant.perplexity import perplexity
+from litquant.quantize.main import quantize
+
+COMMANDS = {
+    **LITGPT_COMMANDS,
+    "quantize": quantize,
+    "generate": generate,
+    "chat": chat,
+    "perplexity": perplexity,
+    "convert_gguf_to_litgpt": convert_gguf_to_litgpt,
+    "kernels": kernels,
+    "demo": demo,
+}
+
+
+def main() -> None:
+    set_docstring_parse_options(attribute_docstrings=True)
+    set_config_read_mode(urls_enabled=False)
+    warnings.filterwarnings("ignore", message=r".*The epoch parameter in `scheduler.step\(\)`.*")
+    torch.set_float32_matmul_precision("high")
+    CLI(COMMANDS)
+
+
+if __name__ == "__main__":
+    main()

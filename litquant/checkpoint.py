@@ -1,0 +1,215 @@
+"""Quantized checkpoints on disk: save them atomically, load them with every check a user needs.
+
+A quantized checkpoint is a directory with
+  lit_model.safetensors   every tensor under its LitGPT name; a quantized Linear `x` has `x.qweight`,
+                          `x.qzeros`, `x.scales` (+ `x.g_idx` for GPTQ, + `x.bias`) in its format's layout,
+                          everything else (embeddings, norms, `lm_head`) in the model dtype
+  quantize_config.json    `QuantizeConfig`, in AutoGPTQ / AutoAWQ field names
+  model_config.yaml       litgpt's Config
+  tokenizer files         copied from the source checkpoint
+It is written into a temporary directory beside the target and renamed into place at the end, so an
+interrupted run never leaves something that looks complete.
+"""
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Dict, Iterator, Optional, Tuple
+
+import torch
+from litgpt.config import Config
+from litgpt.utils import save_config
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from litquant.config import QuantizeConfig
+from litquant.formats import QuantizedWeight
+from litquant.kernels.base import QuantLinear
+from litquant.quantize.quantizer import rtn_quantize
+
+WEIGHTS_NAME = "lit_model.safetensors"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "generation_config.json",
+                   "prompt_style.yaml", "special_tokens_map.json")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete, corrupt, or does not match its config."""
+
+
+def save_quantized_checkpoint(out_dir: Path, quantized: Dict[str, QuantizedWeight], other_tensors: Dict[str, torch.Tensor],
+                              config: QuantizeConfig, model_config: Config, tokenizer_dir: Optional[Path],
+                              overwrite: bool = False) -> Path:
+    """Pack `quantized` in `config`'s format and write the checkpoint directory atomically."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out_dir} already exists and is not empty; pass --overwrite true or choose another --out_dir")
+    tensors: Dict[str, torch.Tensor] = {}
+    for name, qw in quantized.items():
+        for key, t in config.pack(qw.to("cpu")).items():
+            tensors[f"{name}.{key}"] = t.contiguous()
+    for name, t in other_tensors.items():
+        tensors[name] = t.detach().to("cpu").contiguous()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.incomplete-{os.getpid()}-{int(time.time())}"
+    tmp.mkdir()
+    try:
+        save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt", "litquant": "1"})
+        save_config(model_config, tmp)
+        if tokenizer_dir is not None:
+            for fname in TOKENIZER_FILES:
+                if (Path(tokenizer_dir) / fname).is_file():
+                    shutil.copy2(Path(tokenizer_dir) / fname, tmp / fname)
+        config.save(tmp)  # last: its presence marks a finished checkpoint
+        if out_dir.exists():
+            old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+            out_dir.rename(old)
+            tmp.rename(out_dir)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def open_weights(checkpoint_dir: Path, device: torch.device):
+    """safetensors handle of the checkpoint's weights, with clear errors for missing or corrupt files."""
+    path = Path(checkpoint_dir) / WEIGHTS_NAME
+    if not path.is_file():
+        raise CheckpointError(f"{path} not found: the checkpoint is missing its weights")
+    try:
+        return safe_open(str(path), framework="pt", device=str(device))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path} is corrupt or truncated ({e})") from None
+
+
+def _read(handle, name: str, path: Path) -> torch.Tensor:
+    try:
+        return handle.get_tensor(name)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: cannot read tensor {name!r} ({e}); the file is corrupt or truncated") from None
+
+
+@torch.no_grad()
+def load_quantized_checkpoint(model: torch.nn.Module, checkpoint_dir: Path, config: QuantizeConfig,
+                              device: torch.device, dtype: torch.dtype) -> None:
+    """Fill `model` (built on meta, Linears already swapped by `QuantizedPrecision`) from a quantized checkpoint.
+
+    Every tensor name, shape and dtype is checked against the model and `config` first; the error lists
+    exactly what is missing, unexpected or mis-shaped.
+    """
+    path = Path(checkpoint_dir) / WEIGHTS_NAME
+    device = torch.device(device)
+    with open_weights(checkpoint_dir, "cpu") as f:
+        names = set(f.keys())
+        quant_modules = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+        plain = {n: t for n, t in list(model.named_parameters()) + list(model.named_buffers(remove_duplicate=False))
+                 if not any(n.startswith(q + ".") for q in quant_modules) and n not in ("cos", "sin")
+                 and ".kv_cache." not in n and n != "mask_cache"}
+        problems, expected = [], set(plain)
+        for qname, m in quant_modules.items():
+            shapes = {}
+            for key in config.tensor_names():
+                full = f"{qname}.{key}"
+                expected.add(full)
+                if full in names:
+                    sl = f.get_slice(full)
+                    shapes[key] = _MetaTensor(tuple(sl.get_shape()), _st_dtype(sl.get_dtype()))
+            try:
+                config.check_shapes(shapes, m.in_features, m.out_features, where=f"{qname}.")
+            except ValueError as e:
+                problems.append(str(e))
+            if m.bias is not None:
+                expected.add(f"{qname}.bias")
+        missing, unexpected = sorted(expected - names), sorted(names - expected)
+        if missing:
+            problems.insert(0, f"missing tensors: {_short(missing)}")
+        if unexpected:
+            problems.append(f"unexpected tensors: {_short(unexpected)}")
+        for n, t in plain.items():
+            if n in names:
+                shape = tuple(f.get_slice(n).get_shape())
+                if shape != tuple(t.shape):
+                    problems.append(f"{n} has shape {list(shape)}, the model expects {list(t.shape)}")
+        if problems:
+            raise CheckpointError(f"{path} does not match model_config.yaml / quantize_config.json: " + "; ".join(problems))
+
+        for qname, m in quant_modules.items():
+            tensors = {key: _read(f, f"{qname}.{key}", path).to(device)
+                       for key in config.tensor_names() + (("bias",) if m.bias is not None else ())}
+            m.load_quantized(config.unpack(tensors, m.in_features, m.out_features))
+        state = {n: _read(f, n, path).to(device, dtype if _read_is_float(f, n) else None) for n in plain}
+    model.load_state_dict(state, strict=False, assign=True)
+    materialize_rope(model, device)
+    check_materialized(model)
+
+
+def load_with_rtn(model: torch.nn.Module, state: Iterator[Tuple[str, torch.Tensor]], config: QuantizeConfig,
+                  device: torch.device, dtype: torch.dtype) -> None:
+    """Fill `model` (Linears swapped) from full-precision weights, quantizing each Linear with RTN as it
+    loads: only one full-precision Linear is materialized at a time."""
+    quant_modules = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    rest = {}
+    for name, tensor in state:
+        module_name, _, key = name.rpartition(".")
+        m = quant_modules.get(module_name)
+        if m is not None and key == "weight":
+            m.load_quantized(rtn_quantize(tensor.to(device, torch.float32), config.bits, config.group_size, config.sym))
+        elif m is not None and key == "bias":
+            m.set_bias(tensor.to(device))
+        else:
+            rest[name] = tensor.to(device, dtype if tensor.is_floating_point() else None)
+    _, unexpected = model.load_state_dict(rest, strict=False, assign=True)
+    if unexpected:
+        raise CheckpointError(f"checkpoint has tensors the model does not: {_short(unexpected)}")
+    materialize_rope(model, device)
+    check_materialized(model)
+
+
+def check_materialized(model: torch.nn.Module) -> None:
+    """Raise if any parameter or buffer is still on the meta device (it was never loaded)."""
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.is_meta]
+    if left:
+        raise CheckpointError(f"checkpoint is missing tensors: {_short(left)}")
+
+
+def materialize_rope(model: torch.nn.Module, device: torch.device) -> None:
+    """The rope tables were built on meta with the model; rebuild them on the real device."""
+    if hasattr(model, "rope_cache"):
+        model.cos, model.sin = model.rope_cache(device=device)
+
+
+class _MetaTensor:
+    def __init__(self, shape: tuple, dtype: torch.dtype) -> None:
+        self.shape, self.dtype = shape, dtype
+
+
+_ST_DTYPES = {"I32": torch.int32, "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32,
+              "I64": torch.int64, "U8": torch.uint8, "I8": torch.int8}
+
+
+def _st_dtype(name: str) -> Optional[torch.dtype]:
+    return _ST_DTYPES.get(name)
+
+
+def _read_is_float(handle, name: str) -> bool:
+    return _st_dtype(handle.get_slice(name).get_dtype()) in (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _short(names, limit: int = 6) -> str:
+    names = list(names)
+    return ", ".join(names[:limit]) + (f" (+{len(names) - limit} more)" if len(names) > limit else "") if names else "none"
+
+
+def load_litgpt_state(checkpoint_dir: Path) -> Dict[str, torch.Tensor]:
+    """The memory-mapped state dict of an ordinary litgpt checkpoint (`lit_model.pth`)."""
+    path = Path(checkpoint_dir) / "lit_model.pth"
+    if not path.is_file():
+        hint = " (it is a quantized checkpoint)" if (Path(checkpoint_dir) / WEIGHTS_NAME).is_file() else ""
+        raise CheckpointError(f"{path} not found: {checkpoint_dir} is not a litgpt checkpoint{hint}")
+    try:
+        state = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
+    except Exception as e:  # torch raises several types for truncated/corrupt zips
+        raise CheckpointError(f"{path} is corrupt or truncated ({type(e).__name__}: {e})") from None
+    return state.get("model", state)

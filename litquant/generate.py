@@ -1,0 +1,148 @@
+"""`litquant generate` and `litquant chat`: litgpt's generation and chat loop over any checkpoint
+`litquant.load.load_model` can load, quantized checkpoints included."""
+import sys
+import time
+from pathlib import Path
+from typing import Literal, Optional
+
+import lightning as L
+import torch
+from litgpt.prompts import PromptStyle, has_prompt_style, load_prompt_style
+
+from litquant.load import load_model
+
+COMPILE_MODE = "reduce-overhead"
+
+
+def _prompt_style(checkpoint_dir: Path, config) -> PromptStyle:
+    return load_prompt_style(checkpoint_dir) if has_prompt_style(checkpoint_dir) else PromptStyle.from_config(config)
+
+
+def compile_next_token(kernel_compiles: bool):
+    """litgpt's `next_token` under torch.compile, or eager with a warning when the kernel cannot compile."""
+    import litgpt.generate.base as gen
+
+    if not kernel_compiles:
+        print("warning: --compile: this kernel is not compatible with torch.compile/CUDA graphs; running eagerly",
+              file=sys.stderr)
+        return
+    torch._dynamo.config.automatic_dynamic_shapes = True
+    gen.next_token = torch.compile(gen.next_token, mode=COMPILE_MODE)
+
+
+@torch.inference_mode()
+def generate(
+    checkpoint_dir: Path,
+    prompt: str = "What food do llamas eat?",
+    *,
+    max_new_tokens: int = 50,
+    temperature: float = 0.0,
+    top_k: Optional[int] = None,
+    top_p: float = 1.0,
+    num_samples: int = 1,
+    kernel: Optional[str] = None,
+    quantize: Optional[str] = None,
+    precision: Optional[str] = None,
+    device: Optional[str] = None,
+    compile: bool = False,
+    apply_prompt_style: bool = True,
+) -> str:
+    """Generate text from a quantized (or ordinary) checkpoint.
+
+    Args:
+        checkpoint_dir: a quantized checkpoint from `litquant quantize`, or an ordinary litgpt checkpoint.
+        prompt: the prompt.
+        max_new_tokens: tokens to generate.
+        temperature: sampling temperature; 0 is greedy.
+        top_k: sample among the k most probable tokens.
+        top_p: nucleus sampling threshold.
+        num_samples: how many completions.
+        kernel: kernel for quantized Linears (auto, torch, triton, marlin, ...). Default: the checkpoint's.
+        quantize: for an ordinary checkpoint: bnb.nf4 (and other bitsandbytes modes) or rtn.int4-g128 style.
+        precision: bf16-true, 16-true or 32-true. Default: bf16 on GPU, fp32 on CPU.
+        device: cuda or cpu. Default: cuda if available.
+        compile: compile the decode step with torch.compile (CUDA graphs).
+        apply_prompt_style: wrap the prompt in the model's chat template.
+    """
+    from litgpt.generate.base import generate as litgpt_generate
+
+    loaded = load_model(checkpoint_dir, kernel=kernel, quantize=quantize, precision=precision, device=device)
+    fabric, model, tokenizer = loaded.fabric, loaded.model, loaded.tokenizer
+    print(f"loaded {checkpoint_dir} ({loaded.quantization}, kernel {loaded.kernel or '-'}) in {loaded.load_seconds:.2f} s",
+          file=sys.stderr)
+    if apply_prompt_style:
+        prompt = _prompt_style(Path(checkpoint_dir), loaded.config).apply(prompt)
+    encoded = tokenizer.encode(prompt, device=fabric.device)
+    max_returned = encoded.size(0) + max_new_tokens
+    model.max_seq_length = max_returned
+    model.set_kv_cache(batch_size=1, device=fabric.device)
+    if compile:
+        compile_next_token(_kernel_compiles(model))
+    L.seed_everything(1234)
+    text = ""
+    for i in range(num_samples):
+        t0 = time.perf_counter()
+        y = litgpt_generate(model, encoded, max_returned, temperature=temperature, top_k=top_k, top_p=top_p,
+                            eos_id=tokenizer.eos_id, include_prompt=False)
+        seconds = time.perf_counter() - t0
+        for block in model.transformer.h:
+            block.attn.kv_cache.reset_parameters()
+        text = tokenizer.decode(y)
+        fabric.print(text)
+        print(f"sample {i + 1}: {y.size(0)} tokens in {seconds:.2f} s, {y.size(0) / seconds:.2f} tokens/s", file=sys.stderr)
+    if fabric.device.type == "cuda":
+        print(f"memory used: {torch.cuda.max_memory_allocated() / 1e9:.02f} GB", file=sys.stderr)
+    return text
+
+
+def _kernel_compiles(model: torch.nn.Module) -> bool:
+    from litquant.kernels.base import QuantLinear
+
+    return all(type(m).compiles for m in model.modules() if isinstance(m, QuantLinear))
+
+
+@torch.inference_mode()
+def chat(
+    checkpoint_dir: Path,
+    *,
+    max_new_tokens: int = 200,
+    temperature: float = 0.8,
+    top_k: Optional[int] = 50,
+    top_p: float = 1.0,
+    kernel: Optional[str] = None,
+    quantize: Optional[str] = None,
+    precision: Optional[str] = None,
+    device: Optional[str] = None,
+    compile: bool = False,
+    multiline: bool = False,
+) -> None:
+    """Chat with a quantized (or ordinary) checkpoint. Enter an empty prompt to quit.
+
+    Args:
+        checkpoint_dir: a quantized checkpoint from `litquant quantize`, or an ordinary litgpt checkpoint.
+        max_new_tokens: the most tokens per answer.
+        temperature: sampling temperature.
+        top_k: sample among the k most probable tokens.
+        top_p: nucleus sampling threshold.
+        kernel: kernel for quantized Linears. Default: the checkpoint's.
+        quantize: for an ordinary checkpoint: bnb.nf4 (and other bitsandbytes modes) or rtn.int4-g128 style.
+        precision: bf16-true, 16-true or 32-true. Default: bf16 on GPU, fp32 on CPU.
+        device: cuda or cpu.
+        compile: compile the decode step with torch.compile.
+        multiline: multi-line prompts (end with '!submit' on its own line).
+    """
+    from litgpt.chat.base import interact
+
+    loaded = load_model(checkpoint_dir, kernel=kernel, quantize=quantize, precision=precision, device=device)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    model.max_seq_length = min(loaded.config.block_size, 4096)
+    model.set_kv_cache(batch_size=1, device=loaded.fabric.device)
+    if compile:
+        compile_next_token(_kernel_compiles(model))
+    style = _prompt_style(Path(checkpoint_dir), loaded.config)
+    print(f"Now chatting with {loaded.config.name} ({loaded.quantization}, kernel {loaded.kernel or '-'}).\n"
+          "To exit, press 'Enter' on an empty prompt.\n")
+    L.seed_everything(1234)
+    interact(multiline=multiline, model=model, tokenizer=tokenizer, prompt_style=style, fabric=loaded.fabric,
+             temperature=temperature, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p,
+             stop_tokens=style.stop_tokens(tokenizer))

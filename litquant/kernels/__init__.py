@@ -1,0 +1,109 @@
+"""The kernel registry: a name users type -> the module class that runs it.
+
+Classes are imported lazily, so a kernel whose dependencies are missing (triton, a CUDA compiler)
+costs nothing until it is asked for, and `litquant kernels` can say why it is unavailable.
+"""
+import importlib
+from typing import Dict, Iterable, List, Optional, Tuple, Type
+
+import torch
+
+from litquant.kernels.base import LayerSpec, QuantLinear
+
+# name -> "module:Class". Order is the `auto` preference: the fastest first, the reference last.
+REGISTRY: Dict[str, str] = {
+    "torch": "litquant.kernels.torch_dequant:TorchQuantLinear",
+}
+AUTO_ORDER: Tuple[str, ...] = ("torch",)
+
+
+class KernelNotSupported(ValueError):
+    """The requested kernel cannot run these layers here; the message says why and what would."""
+
+
+def kernel_class(name: str) -> Type[QuantLinear]:
+    if name not in REGISTRY:
+        raise KernelNotSupported(f"unknown kernel {name!r}; known kernels: {', '.join(REGISTRY)} (or 'auto')")
+    module, cls = REGISTRY[name].split(":")
+    try:
+        return getattr(importlib.import_module(module), cls)
+    except ImportError as e:  # a missing optional dependency: report it as unavailable
+        return _unavailable_kernel(name, f"cannot import {module}: {e}")
+
+
+def _unavailable_kernel(name: str, reason: str) -> Type[QuantLinear]:
+    return type(f"Unavailable_{name}", (QuantLinear,), {"name": name, "unavailable": classmethod(lambda cls: reason)})
+
+
+def first_problem(cls: Type[QuantLinear], specs: Iterable[Tuple[str, LayerSpec]], device: torch.device,
+                  dtype: torch.dtype) -> Optional[str]:
+    for layer_name, spec in specs:
+        reason = cls.unsupported(spec, device, dtype)
+        if reason:
+            return f"{layer_name}: {reason}"
+    return None
+
+
+def select_kernel(name: str, specs: List[Tuple[str, LayerSpec]], device: torch.device,
+                  dtype: torch.dtype) -> Type[QuantLinear]:
+    """The kernel class for `name` ('auto' picks the first that supports every layer), or raise
+    `KernelNotSupported` naming the reason and the kernels that would work."""
+    device = torch.device(device)
+    if name == "auto":
+        for candidate in AUTO_ORDER:
+            cls = kernel_class(candidate)
+            if first_problem(cls, specs, device, dtype) is None:
+                return cls
+        name = "torch"
+    cls = kernel_class(name)
+    problem = first_problem(cls, specs, device, dtype)
+    if problem:
+        working = [k for k in REGISTRY if k != name and first_problem(kernel_class(k), specs, device, dtype) is None]
+        raise KernelNotSupported(f"kernel {name!r} cannot run this checkpoint on {device} in "
+                                 f"{str(dtype).replace('torch.', '')}: {problem}. "
+                                 f"Kernels that can: {', '.join(working) or 'none'}")
+    return cls
+
+
+def check_kernel_settings(name: str, specs: List[Tuple[str, LayerSpec]]) -> None:
+    """At quantize time: fail early if kernel `name` could never run these layers, whatever the machine."""
+    if name == "auto":
+        return
+    cls = kernel_class(name)
+    for layer_name, spec in specs:
+        reason = cls.unsupported_settings(spec)
+        if reason:
+            working = [k for k in REGISTRY if all(kernel_class(k).unsupported_settings(s) is None for _, s in specs)]
+            raise KernelNotSupported(f"kernel {name!r} cannot run the checkpoint these settings produce: {layer_name}: "
+                                     f"{reason}. Kernels that can: {', '.join(working) or 'none'}")
+
+
+def kernels_table(device: torch.device, dtype: torch.dtype, spec: Optional[LayerSpec] = None) -> List[Tuple[str, str, str]]:
+    """(name, status, description) for each registered kernel on `device`."""
+    rows = []
+    for name in REGISTRY:
+        cls = kernel_class(name)
+        reason = cls.unavailable() or (cls.unsupported(spec, device, dtype) if spec else None)
+        if reason is None and device.type not in cls.devices:
+            reason = f"runs on {'/'.join(cls.devices)}, not {device.type}"
+        rows.append((name, "ok" if reason is None else f"unavailable: {reason}", cls.description))
+    return rows
+
+
+def kernels(device: Optional[str] = None, dtype: str = "bfloat16", build: bool = False) -> None:
+    """List the kernels, which of them run on this machine, and why the others do not.
+
+    Args:
+        device: cuda or cpu. Default: cuda if available.
+        dtype: activation dtype to check (float16, bfloat16, float32).
+        build: compile the CUDA kernels now instead of on first use.
+    """
+    if build:
+        from litquant.kernels.build import build_all
+
+        build_all()
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    print(f"kernels on {where} ({dtype}):")
+    for name, status, description in kernels_table(dev, getattr(torch, dtype)):
+        print(f"  {name:<10} {status}\n  {'':<10} {description}")

@@ -1,0 +1,139 @@
+"""Load any checkpoint a litquant user has, ready to run: quantized (any kernel), or ordinary
+(full precision, bitsandbytes, or RTN while loading)."""
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Tuple
+
+import lightning as L
+import torch
+from litgpt.config import Config
+from litgpt.model import GPT
+from litgpt.tokenizer import Tokenizer
+
+from litquant.checkpoint import (materialize_rope, check_materialized, load_litgpt_state, load_quantized_checkpoint,
+                                 load_with_rtn)
+from litquant.config import QuantizeConfig, is_quantized_checkpoint
+from litquant.precision import QuantizedPrecision, quantizable_linears
+
+BNB_MODES = ("bnb.nf4", "bnb.nf4-dq", "bnb.fp4", "bnb.fp4-dq")
+RTN_PATTERN = re.compile(r"^rtn\.int([2348])(?:-g(-1|\d+))?$")
+PRECISIONS = {"bf16-true": torch.bfloat16, "16-true": torch.float16, "32-true": torch.float32}
+
+
+@dataclass
+class LoadedModel:
+    fabric: L.Fabric
+    model: GPT
+    tokenizer: Tokenizer
+    config: Config
+    quantization: str  # what the user is running, for tables and logs
+    kernel: Optional[str]
+    load_seconds: float
+
+
+def default_precision(device: torch.device) -> str:
+    """bf16 on GPUs that have it, fp32 on the CPU (where bf16 matmuls are slow on many machines)."""
+    if device.type == "cuda":
+        return "bf16-true" if torch.cuda.is_bf16_supported() else "16-true"
+    return "32-true"
+
+
+def parse_rtn(quantize: str) -> Tuple[int, int]:
+    m = RTN_PATTERN.match(quantize)
+    if not m:
+        raise ValueError(f"--quantize {quantize!r}: expected one of {BNB_MODES} or rtn.int<bits>[-g<group_size>], "
+                         "e.g. rtn.int4-g128")
+    return int(m.group(1)), int(m.group(2) or 128)
+
+
+def load_model(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: Optional[str] = None,
+               precision: Optional[str] = None, device: Optional[str] = None) -> LoadedModel:
+    """Build the model on the meta device and load `checkpoint_dir` into it.
+
+    A quantized checkpoint runs with `kernel` (default: the one recorded at quantize time, else auto).
+    An ordinary checkpoint runs in `precision`, or quantized while loading with `quantize`
+    (bitsandbytes modes, or `rtn.int4-g128` style RTN with litquant's kernels).
+    """
+    checkpoint_dir = Path(checkpoint_dir)
+    if not (checkpoint_dir / "model_config.yaml").is_file():
+        raise FileNotFoundError(f"{checkpoint_dir / 'model_config.yaml'} not found: not a litgpt or litquant checkpoint")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    precision = precision or default_precision(device)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not one of {list(PRECISIONS)}")
+    dtype = PRECISIONS[precision]
+    config = Config.from_file(checkpoint_dir / "model_config.yaml")
+    start = time.perf_counter()
+    quantized = is_quantized_checkpoint(checkpoint_dir)
+    if quantized and quantize:
+        raise ValueError(f"{checkpoint_dir} is already quantized; drop --quantize")
+    if kernel and not quantized and not (quantize or "").startswith("rtn"):
+        raise ValueError("--kernel applies to quantized checkpoints and --quantize rtn.*; this checkpoint is neither")
+
+    if quantized or (quantize or "").startswith("rtn"):
+        if quantized:
+            qconfig = QuantizeConfig.load(checkpoint_dir)
+        else:
+            bits, group_size = parse_rtn(quantize)
+            qconfig = QuantizeConfig(method="rtn", bits=bits, group_size=group_size)
+        kernel = kernel or qconfig.kernel
+        plugin = QuantizedPrecision(qconfig, kernel=kernel, dtype=dtype, device=device)
+        fabric = L.Fabric(accelerator=device.type, devices=1, plugins=plugin)
+        with fabric.init_module(empty_init=True):
+            model = GPT(config)
+        plugin.convert_module(model)  # selects and checks the kernel before any weight is read
+        if quantized:
+            load_quantized_checkpoint(model, checkpoint_dir, qconfig, device, dtype)
+        else:
+            load_with_rtn(model, load_litgpt_state(checkpoint_dir).items(), qconfig, device, dtype)
+        label, kernel = qconfig.describe(), plugin.kernel_cls.name
+    elif quantize:
+        if quantize not in BNB_MODES:
+            parse_rtn(quantize)  # raises the error that lists the valid choices
+        fabric = L.Fabric(accelerator=device.type, devices=1, precision=precision)
+        model = _load_bnb(config, checkpoint_dir, quantize[4:], dtype, device)
+        label, kernel = quantize, None
+    else:
+        fabric = L.Fabric(accelerator=device.type, devices=1, precision=precision)
+        model = _load_plain(fabric, config, checkpoint_dir)
+        label, kernel = str(dtype).replace("torch.", ""), None
+    model.eval()
+    model = fabric.setup_module(model)
+    return LoadedModel(fabric, model, Tokenizer(checkpoint_dir), config, label, kernel, time.perf_counter() - start)
+
+
+def _load_bnb(config: Config, checkpoint_dir: Path, mode: str, dtype: torch.dtype, device: torch.device) -> GPT:
+    """The bitsandbytes 4-bit baseline: the Linear4bit layers Lightning's `BitsandbytesPrecision` builds
+    (lm_head left in `dtype`, as litquant does), built here directly because that plugin refuses the CPU,
+    where bitsandbytes >= 0.45 runs nf4/fp4 too."""
+    import bitsandbytes as bnb
+
+    state = load_litgpt_state(checkpoint_dir)
+    with torch.device("meta"):
+        model = GPT(config)
+    quant_type, double_quant = mode.split("-")[0], mode.endswith("-dq")
+    for name, linear in quantizable_linears(model, ["lm_head"]):
+        layer = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                                  compute_dtype=dtype, quant_type=quant_type, compress_statistics=double_quant,
+                                  device="meta")
+        layer.weight = bnb.nn.Params4bit(state.pop(f"{name}.weight").to(dtype), requires_grad=False,
+                                         quant_type=quant_type, compress_statistics=double_quant).to(device)
+        if linear.bias is not None:
+            layer.bias = torch.nn.Parameter(state.pop(f"{name}.bias").to(device, dtype), requires_grad=False)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, layer)
+    model.load_state_dict({n: t.to(device, dtype) for n, t in state.items()}, strict=False, assign=True)
+    materialize_rope(model, device)
+    check_materialized(model)
+    return model
+
+
+def _load_plain(fabric: L.Fabric, config: Config, checkpoint_dir: Path) -> GPT:
+    state = load_litgpt_state(checkpoint_dir)
+    with fabric.init_module(empty_init=True):
+        model = GPT(config)
+    model = fabric.setup_module(model)
+    model.load_state_dict(state, strict=True)
+    return model.module if hasattr(model, "module") else model

@@ -1,0 +1,103 @@
+"""Perplexity of a model over a text: the quality number every quantization is judged by.
+
+The text is tokenized once and cut into non-overlapping windows of `window` tokens; each window is
+scored on its own (no context carried across windows), so numbers are comparable between models
+and kernels as long as the tokenizer, window and text are the same.
+"""
+import gzip
+import math
+from pathlib import Path
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from litgpt.model import GPT
+
+
+@torch.inference_mode()
+def compute_perplexity(model: GPT, tokens: torch.Tensor, window: int = 512, batch_size: int = 4,
+                       max_windows: int = 0) -> Tuple[float, int]:
+    """Perplexity of `model` over the 1-D `tokens`, and the number of tokens predicted.
+
+    Args:
+        model: a litgpt GPT (any precision or quantization), on the device it runs on.
+        tokens: the token ids of the whole text.
+        window: tokens per window; the model must accept sequences that long.
+        batch_size: windows per forward pass.
+        max_windows: score only the first `max_windows` windows (0: all).
+    """
+    if tokens.dim() != 1:
+        raise ValueError(f"tokens must be 1-D, got shape {list(tokens.shape)}")
+    n_windows = tokens.numel() // window
+    if max_windows:
+        n_windows = min(n_windows, max_windows)
+    if n_windows == 0:
+        raise ValueError(f"the text has {tokens.numel()} tokens, fewer than one window of {window}")
+    if model.max_seq_length < window:
+        model.max_seq_length = window
+    device = next(p for p in model.parameters() if p.device.type != "meta").device
+    windows = tokens[: n_windows * window].long().view(n_windows, window)
+    nll, count = 0.0, 0
+    for batch in windows.split(batch_size):
+        batch = batch.to(device)
+        logits = model(batch[:, :-1]).float()
+        nll += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum").item()
+        count += batch[:, 1:].numel()
+    ppl = math.exp(nll / count)
+    if not math.isfinite(ppl):
+        raise FloatingPointError("perplexity is not finite: the model produced NaN/inf logits")
+    return ppl, count
+
+
+def perplexity(
+    checkpoint_dir: Path,
+    text_file: Optional[Path] = None,
+    *,
+    window: int = 512,
+    batch_size: int = 4,
+    max_windows: int = 0,
+    kernel: Optional[str] = None,
+    quantize: Optional[str] = None,
+    precision: Optional[str] = None,
+    device: Optional[str] = None,
+) -> float:
+    """Perplexity of a checkpoint (quantized or not) over a text file, in non-overlapping windows.
+
+    Prints `perplexity: <float>` and the number of tokens evaluated.
+
+    Args:
+        checkpoint_dir: a quantized checkpoint from `litquant quantize`, or an ordinary litgpt checkpoint.
+        text_file: a UTF-8 text file (.txt or .gz). Default: the evaluation slice of Debian's jargon-text.
+        window: tokens per window.
+        batch_size: windows per forward pass.
+        max_windows: evaluate only the first N windows (0: all).
+        kernel: kernel for quantized Linears. Default: the checkpoint's.
+        quantize: for an ordinary checkpoint: bnb.nf4 (and other bitsandbytes modes) or rtn.int4-g128 style.
+        precision: bf16-true, 16-true or 32-true. Default: bf16 on GPU, fp32 on CPU.
+        device: cuda or cpu.
+    """
+    from litquant.load import load_model
+
+    text = read_text(text_file)
+    loaded = load_model(checkpoint_dir, kernel=kernel, quantize=quantize, precision=precision, device=device)
+    tokens = loaded.tokenizer.encode(text, bos=False, eos=False)
+    ppl, count = compute_perplexity(loaded.model, tokens, window=window, batch_size=batch_size, max_windows=max_windows)
+    print(f"perplexity: {ppl:.4f}")
+    print(f"tokens evaluated: {count} ({loaded.quantization}, kernel {loaded.kernel or '-'}, window {window})")
+    return ppl
+
+
+def read_text(text_file: Optional[Path]) -> str:
+    """The text of `text_file` (.txt or .gz), or the evaluation slice of jargon-text when None."""
+    if text_file is None:
+        from litquant.assets import evaluation_text
+
+        return evaluation_text()
+    path = Path(text_file)
+    if not path.is_file():
+        raise FileNotFoundError(f"text file {path} not found")
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    text = raw.decode("utf-8", errors="replace")
+    if not text.strip():
+        raise ValueError(f"text file {path} is empty")
+    return text

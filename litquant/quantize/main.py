@@ -1,0 +1,129 @@
+"""`litquant quantize`: turn a litgpt checkpoint into a quantized checkpoint with RTN, GPTQ or AWQ."""
+import logging
+import time
+from pathlib import Path
+from typing import List, Literal, Optional
+
+import torch
+from litgpt.config import Config
+from litgpt.data import DataModule
+from litgpt.model import GPT
+from litgpt.tokenizer import Tokenizer
+
+from litquant.checkpoint import load_litgpt_state, save_quantized_checkpoint
+from litquant.config import QuantizeConfig
+from litquant.kernels import check_kernel_settings
+from litquant.precision import layer_specs
+
+log = logging.getLogger("litquant.quantize")
+
+
+def quantize(
+    checkpoint_dir: Path,
+    out_dir: Optional[Path] = None,
+    *,
+    method: Literal["rtn", "gptq", "awq"] = "gptq",
+    bits: int = 4,
+    group_size: int = 128,
+    sym: Optional[bool] = None,
+    desc_act: bool = False,
+    static_groups: bool = False,
+    true_sequential: bool = True,
+    damp_percent: float = 0.01,
+    checkpoint_format: Literal["gptq", "gptq_v2"] = "gptq",
+    version: Literal["gemm", "gemv"] = "gemm",
+    duo_scaling: bool = True,
+    apply_clip: bool = True,
+    kernel: str = "auto",
+    data: Optional[DataModule] = None,
+    calibration_file: Optional[Path] = None,
+    num_samples: int = 128,
+    seq_len: Optional[int] = None,
+    batch_size: int = 8,
+    device: Optional[str] = None,
+    offload: bool = False,
+    seed: int = 42,
+    ignore_modules: List[str] = ["lm_head"],
+    overwrite: bool = False,
+) -> Path:
+    """Quantize a litgpt checkpoint and save a quantized checkpoint (GPTQ or AutoAWQ format).
+
+    Args:
+        checkpoint_dir: the litgpt checkpoint to quantize (lit_model.pth, model_config.yaml, tokenizer).
+        out_dir: where to write the quantized checkpoint. Default: `<checkpoint_dir>-<method>-<bits>bit-g<group_size>`.
+        method: rtn (no data), gptq (Hessian-aware error feedback) or awq (activation-aware scaling).
+        bits: bits per weight: 2, 3, 4 or 8 (AWQ: 4).
+        group_size: input channels that share a scale and zero point; -1 for one group per row.
+        sym: symmetric grid (no stored zero points). Default: true for rtn/gptq, false for awq.
+        desc_act: GPTQ act_order: quantize columns in order of decreasing Hessian diagonal (saves g_idx).
+        static_groups: GPTQ with desc_act: fix group parameters before reordering, so g_idx stays monotone.
+        true_sequential: GPTQ: quantize qkv, proj, fc_1/fc_2, proj in turn, re-running inputs after each.
+        damp_percent: GPTQ dampening, as a fraction of the mean Hessian diagonal.
+        checkpoint_format: GPTQ tensor format: "gptq" (v1, AutoGPTQ's zero-minus-one) or "gptq_v2".
+        version: AWQ tensor layout: "gemm" or "gemv" (AutoAWQ).
+        duo_scaling: AWQ: scales from both activation and weight magnitudes.
+        apply_clip: AWQ: search a clipping range per group.
+        kernel: the kernel `litquant generate` uses by default; checked against the settings before any work.
+        data: a litgpt DataModule for calibration (e.g. Alpaca, where the hub is reachable).
+        calibration_file: a .txt/.jsonl file or a directory of them for calibration. With neither `data` nor
+            this, calibration text is sampled from the model itself (data-free).
+        num_samples: calibration sequences.
+        seq_len: tokens per calibration sequence. Default: 2048 for gptq, 512 for awq.
+        batch_size: calibration sequences per forward pass.
+        device: where blocks are quantized. Default: cuda if available, else cpu.
+        offload: keep calibration activations on the CPU between blocks (for very large models).
+        seed: seed for shuffling and self-generated calibration.
+        ignore_modules: Linears left unquantized (prefix match on the LitGPT module name).
+        overwrite: replace an existing out_dir.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    checkpoint_dir = Path(checkpoint_dir)
+    if sym is None:
+        sym = method != "awq"
+    fmt = f"awq_{version}" if method == "awq" else checkpoint_format
+    config = QuantizeConfig(method=method, bits=bits, group_size=group_size, sym=sym, desc_act=desc_act,
+                            static_groups=static_groups, true_sequential=true_sequential, damp_percent=damp_percent,
+                            checkpoint_format=fmt, kernel=kernel, ignore_modules=list(ignore_modules))
+    model_config = Config.from_file(checkpoint_dir / "model_config.yaml")
+    with torch.device("meta"):
+        check_kernel_settings(kernel, layer_specs(GPT(model_config), config))
+    out_dir = Path(out_dir) if out_dir else checkpoint_dir.parent / f"{checkpoint_dir.name}-{method}-{bits}bit-g{group_size}"
+    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out_dir} already exists and is not empty; pass --overwrite true or choose another --out_dir")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    save_dtype = torch.bfloat16
+    state = load_litgpt_state(checkpoint_dir)
+    log.info(f"quantizing {checkpoint_dir} with {config.describe()} on {device}")
+    start = time.perf_counter()
+
+    if method == "rtn":
+        from litquant.quantize.rtn import quantize_state_dict
+
+        quantized, others = quantize_state_dict(state, model_config, config, device, save_dtype)
+    else:
+        model = GPT(model_config)
+        model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True)
+        model.eval()
+        from litquant.quantize.calibration import calibration_tokens
+
+        tokens = calibration_tokens(Tokenizer(checkpoint_dir), model=model, data=data, calibration_file=calibration_file,
+                                    num_samples=num_samples, seq_len=seq_len or (512 if method == "awq" else 2048),
+                                    seed=seed, device=device)
+        if method == "gptq":
+            from litquant.quantize.gptq import quantize_model
+
+            quantized = quantize_model(model, tokens, config, device=device, batch_size=batch_size, offload=offload,
+                                       dtype=dtype)
+        else:
+            from litquant.quantize.awq import quantize_model
+
+            quantized = quantize_model(model, tokens, config, device=device, batch_size=batch_size, offload=offload,
+                                       duo_scaling=duo_scaling, apply_clip=apply_clip, dtype=dtype)
+        others = {n: t.to(save_dtype) if t.is_floating_point() else t for n, t in model.state_dict().items()
+                  if n.rpartition(".")[0] not in quantized}
+        for name, qw in quantized.items():
+            qw.bias = others.pop(f"{name}.bias", None)
+    save_quantized_checkpoint(out_dir, quantized, others, config, model_config, checkpoint_dir, overwrite=overwrite)
+    log.info(f"saved {out_dir} ({len(quantized)} quantized Linears) in {time.perf_counter() - start:.1f} s")
+    return out_dir

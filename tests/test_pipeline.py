@@ -1,0 +1,251 @@
+"""quantize -> save -> load -> generate on tiny random LitGPT models, and every bad input on the way."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from litgpt.model import GPT
+
+from litquant.checkpoint import WEIGHTS_NAME, CheckpointError
+from litquant.config import QuantizeConfig
+from litquant.kernels import KernelNotSupported
+from litquant.load import load_model
+from litquant.quantize.main import quantize
+from litquant.quantize.quantizer import rtn_quantize
+
+
+def fake_quantized_reference(checkpoint_dir: Path, config, bits: int, group_size: int, sym: bool) -> GPT:
+    """The original model with each quantizable Linear replaced by its RTN dequantization, and everything
+    else rounded to bf16 the way the checkpoint stores it."""
+    state = torch.load(checkpoint_dir / "lit_model.pth")
+    model = GPT(config)
+    linears = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n != "lm_head"}
+    for name, t in state.items():
+        module, _, key = name.rpartition(".")
+        if module in linears and key == "weight":
+            state[name] = rtn_quantize(t.float(), bits, group_size, sym).dequantize()
+        else:
+            state[name] = t.bfloat16().float()
+    model.load_state_dict(state)
+    return model.eval()
+
+
+@pytest.mark.parametrize("bits,group_size,sym", [(4, 32, True), (3, 32, False), (8, -1, True), (2, 64, False)])
+def test_quantized_logits_match_fake_quantized_reference(tiny_checkpoint, tmp_path, bits, group_size, sym):
+    out = quantize(tiny_checkpoint, tmp_path / "q", method="rtn", bits=bits, group_size=group_size, sym=sym,
+                   kernel="torch", device="cpu")
+    loaded = load_model(out, device="cpu")
+    assert loaded.kernel == "torch" and loaded.quantization.startswith(f"rtn {bits}-bit g{group_size}")
+    reference = fake_quantized_reference(tiny_checkpoint, loaded.config, bits, group_size, sym)
+    idx = torch.randint(0, 96, (2, 24))
+    with torch.no_grad():
+        out_logits, ref_logits = loaded.model(idx), reference(idx)
+    assert torch.isfinite(out_logits).all()
+    assert (out_logits - ref_logits).norm() / ref_logits.norm() < 1e-5
+
+
+def test_checkpoint_files_follow_the_gptq_spec(tiny_llama_checkpoint, tmp_path):
+    out = quantize(tiny_llama_checkpoint, tmp_path / "q", method="rtn", bits=4, group_size=32, kernel="torch", device="cpu")
+    saved = json.loads((out / "quantize_config.json").read_text())
+    assert saved["quant_method"] == "gptq" and saved["checkpoint_format"] == "gptq" and saved["sym"] is True
+    assert saved["litquant"] == {"method": "rtn", "kernel": "torch", "ignore_modules": ["lm_head"]}
+    from safetensors import safe_open
+
+    with safe_open(str(out / WEIGHTS_NAME), "pt") as f:
+        names = set(f.keys())
+        qkv = f.get_tensor("transformer.h.0.attn.qkv.qzeros")
+        assert f.get_tensor("transformer.h.0.attn.qkv.qweight").shape == (64 * 4 // 32, 128)  # [K*bits/32, N]
+        assert f.get_tensor("lm_head.weight").dtype == torch.bfloat16
+    assert (qkv == 0x77777777).all()  # symmetric 4-bit, v1 zero-minus-one
+    assert "transformer.h.0.attn.qkv.weight" not in names and "lm_head.qweight" not in names
+    assert sorted(p.name for p in out.iterdir()) == ["lit_model.safetensors", "model_config.yaml",
+                                                     "quantize_config.json", "tokenizer.json", "tokenizer_config.json"]
+
+
+def test_rtn_while_loading_matches_the_checkpoint_path(tiny_llama_checkpoint, tmp_path):
+    out = quantize(tiny_llama_checkpoint, tmp_path / "q", method="rtn", bits=4, group_size=32, kernel="torch", device="cpu")
+    from_checkpoint = load_model(out, device="cpu", precision="32-true").model
+    on_load = load_model(tiny_llama_checkpoint, quantize="rtn.int4-g32", device="cpu", precision="32-true").model
+    idx = torch.randint(0, 96, (1, 16))
+    with torch.no_grad():
+        a, b = from_checkpoint(idx), on_load(idx)
+    # same quantized Linears; only the bf16 storage of the unquantized tensors differs
+    assert (a - b).norm() / b.norm() < 1e-2
+
+
+def test_generate_and_perplexity_from_a_quantized_checkpoint(tiny_checkpoint, tmp_path, capsys):
+    from litquant.generate import generate
+    from litquant.perplexity import perplexity
+
+    out = quantize(tiny_checkpoint, tmp_path / "q", method="rtn", bits=4, group_size=32, kernel="torch", device="cpu")
+    generate(out, prompt="hello", max_new_tokens=8, device="cpu", apply_prompt_style=False)
+    text_file = tmp_path / "text.txt"
+    text_file.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    ppl = perplexity(out, text_file, window=64, device="cpu")
+    printed = capsys.readouterr()
+    assert "tokens/s" in printed.err
+    assert f"perplexity: {ppl:.4f}" in printed.out and "tokens evaluated: " in printed.out
+    assert 1 < ppl < 1e4
+
+
+def test_quantization_is_atomic(tiny_llama_checkpoint, tmp_path, monkeypatch):
+    import litquant.checkpoint as ckpt
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ckpt, "save_file", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        quantize(tiny_llama_checkpoint, tmp_path / "q", method="rtn", bits=4, group_size=32, device="cpu")
+    assert list(tmp_path.iterdir()) == [tiny_llama_checkpoint]  # no out_dir, no temp dir left
+
+
+def test_existing_out_dir_is_not_overwritten(tiny_llama_checkpoint, tmp_path):
+    out = quantize(tiny_llama_checkpoint, tmp_path / "q", method="rtn", bits=4, group_size=32, device="cpu")
+    before = (out / WEIGHTS_NAME).read_bytes()
+    with pytest.raises(FileExistsError, match="already exists and is not empty; pass --overwrite true"):
+        quantize(tiny_llama_checkpoint, out, method="rtn", bits=8, group_size=32, device="cpu")
+    assert (out / WEIGHTS_NAME).read_bytes() == before
+    quantize(tiny_llama_checkpoint, out, method="rtn", bits=8, group_size=32, device="cpu", overwrite=True)
+    assert QuantizeConfig.load(out).bits == 8
+
+
+@pytest.fixture
+def quantized(tiny_llama_checkpoint, tmp_path) -> Path:
+    return quantize(tiny_llama_checkpoint, tmp_path / "q", method="rtn", bits=4, group_size=32, kernel="torch", device="cpu")
+
+
+def test_truncated_checkpoint_is_an_error(quantized):
+    path = quantized / WEIGHTS_NAME
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        load_model(quantized, device="cpu")
+
+
+def test_garbage_checkpoint_is_an_error(quantized):
+    (quantized / WEIGHTS_NAME).write_bytes(b"\x00" * 64)
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        load_model(quantized, device="cpu")
+
+
+def test_missing_weights_file_is_an_error(quantized):
+    (quantized / WEIGHTS_NAME).unlink()
+    with pytest.raises(CheckpointError, match="lit_model.safetensors not found"):
+        load_model(quantized, device="cpu")
+
+
+def test_checkpoint_that_does_not_match_its_config(quantized):
+    config = json.loads((quantized / "quantize_config.json").read_text())
+    config["bits"] = 8
+    (quantized / "quantize_config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"transformer.h.0.attn.qkv.qweight is torch.int32 \[8, 128\], expected torch.int32 \[16, 128\]"):
+        load_model(quantized, device="cpu")
+
+
+def test_missing_tensor_is_named(quantized):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(quantized / WEIGHTS_NAME))
+    del tensors["transformer.h.1.mlp.proj.scales"], tensors["transformer.ln_f.weight"]
+    save_file(tensors, str(quantized / WEIGHTS_NAME))
+    with pytest.raises(CheckpointError, match="missing tensors: transformer.h.1.mlp.proj.scales, transformer.ln_f.weight"):
+        load_model(quantized, device="cpu")
+
+
+def test_config_errors(quantized):
+    path = quantized / "quantize_config.json"
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps({**config, "bogus_field": 1}))
+    with pytest.raises(ValueError, match=r"unknown GPTQ fields \['bogus_field'\]"):
+        load_model(quantized, device="cpu")
+    path.write_text(json.dumps({**config, "bits": 5}))
+    with pytest.raises(ValueError, match="bits must be 2, 3, 4 or 8, not 5"):
+        load_model(quantized, device="cpu")
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="is not valid JSON"):
+        load_model(quantized, device="cpu")
+    with pytest.raises(ValueError, match="AWQ checkpoints store zero points: use sym=False"):
+        QuantizeConfig(method="awq", checkpoint_format="awq_gemm", sym=True)
+
+
+def test_unsupported_kernel_fails_before_loading_weights(quantized, monkeypatch):
+    import litquant.kernels as registry
+    from litquant.kernels.torch_dequant import TorchQuantLinear
+
+    class EightBitOnly(TorchQuantLinear):
+        name = "eightbit"
+        bits = (8,)
+
+    monkeypatch.setitem(registry.REGISTRY, "eightbit", "tests_fake:EightBitOnly")
+    monkeypatch.setitem(sys.modules, "tests_fake", type(sys)("tests_fake"))
+    sys.modules["tests_fake"].EightBitOnly = EightBitOnly
+    (quantized / WEIGHTS_NAME).write_bytes(b"not read")  # proves no weight is read before the check
+    with pytest.raises(KernelNotSupported, match=r"kernel 'eightbit' cannot run this checkpoint on cpu in float32: "
+                                                 r"transformer.h.0.attn.qkv: supports 8-bit, not 4-bit. Kernels that can: torch"):
+        load_model(quantized, device="cpu", kernel="eightbit")
+    with pytest.raises(KernelNotSupported, match="unknown kernel 'nope'"):
+        load_model(quantized, device="cpu", kernel="nope")
+
+
+def test_quantize_validates_the_kernel_before_any_work(tiny_llama_checkpoint, tmp_path, monkeypatch):
+    import litquant.kernels as registry
+    from litquant.kernels.torch_dequant import TorchQuantLinear
+
+    class SymmetricOnly(TorchQuantLinear):
+        name = "symonly"
+        zero_point = False
+
+    monkeypatch.setattr(registry, "kernel_class", lambda name: SymmetricOnly if name == "symonly" else TorchQuantLinear)
+    monkeypatch.setitem(registry.REGISTRY, "symonly", "x:y")
+    with pytest.raises(KernelNotSupported, match="kernel 'symonly' cannot run the checkpoint these settings produce: "
+                                                 "transformer.h.0.attn.qkv: supports symmetric weights only"):
+        quantize(tiny_llama_checkpoint, tmp_path / "q", method="rtn", sym=False, kernel="symonly", device="cpu")
+    assert not (tmp_path / "q").exists()
+
+
+def test_nan_weights_are_refused(tiny_llama_checkpoint, tmp_path):
+    state = torch.load(tiny_llama_checkpoint / "lit_model.pth")
+    state["transformer.h.0.mlp.fc_1.weight"][3, 5] = float("nan")
+    torch.save(state, tiny_llama_checkpoint / "lit_model.pth")
+    with pytest.raises(FloatingPointError, match="transformer.h.0.mlp.fc_1.weight has NaN"):
+        quantize(tiny_llama_checkpoint, tmp_path / "q", method="rtn", device="cpu", group_size=32)
+
+
+def test_corrupt_source_checkpoint(tiny_llama_checkpoint, tmp_path):
+    path = tiny_llama_checkpoint / "lit_model.pth"
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="lit_model.pth is corrupt or truncated"):
+        quantize(tiny_llama_checkpoint, tmp_path / "q", method="rtn", device="cpu", group_size=32)
+
+
+def test_bnb_nf4_baseline_loads_plain_checkpoints(tiny_llama_checkpoint):
+    pytest.importorskip("bitsandbytes")
+    loaded = load_model(tiny_llama_checkpoint, quantize="bnb.nf4", device="cpu", precision="bf16-true")
+    import bitsandbytes as bnb
+
+    assert any(isinstance(m, bnb.nn.Linear4bit) for m in loaded.model.modules())
+    with torch.no_grad():
+        logits = loaded.model(torch.randint(0, 96, (1, 8)))
+    assert torch.isfinite(logits).all()
+
+
+def test_cli_help_lists_litgpt_and_litquant_commands():
+    out = subprocess.run([sys.executable, "-m", "litquant", "--help"], capture_output=True, text=True, check=True).stdout
+    for command in ("finetune_lora", "pretrain", "download", "quantize", "generate", "chat", "perplexity",
+                    "convert_gguf_to_litgpt", "kernels", "demo"):
+        assert command in out
+    out = subprocess.run([sys.executable, "-m", "litquant", "quantize", "--help"], capture_output=True, text=True,
+                         check=True).stdout
+    assert "--desc_act" in out and "act_order" in out and "--kernel" in out
+
+
+def test_cli_quantize_from_yaml_config(tiny_llama_checkpoint, tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(f"checkpoint_dir: {tiny_llama_checkpoint}\nout_dir: {tmp_path / 'q'}\nmethod: rtn\nbits: 3\n"
+                      "group_size: 32\nsym: false\nkernel: torch\ndevice: cpu\n")
+    subprocess.run([sys.executable, "-m", "litquant", "quantize", "--config", str(recipe)], check=True,
+                   capture_output=True, text=True)
+    config = QuantizeConfig.load(tmp_path / "q")
+    assert (config.bits, config.group_size, config.sym, config.method) == (3, 32, False, "rtn")
