@@ -11,7 +11,7 @@ from typing import List, Optional
 
 import torch
 
-from litquant.assets import cache_dir, smollm2_checkpoint
+from litquant.assets import cache_root, smollm2_checkpoint
 from litquant.load import load_model
 from litquant.perplexity import compute_perplexity, read_text
 
@@ -54,7 +54,7 @@ def demo(
     from litquant.quantize.main import quantize
 
     checkpoint = smollm2_checkpoint()
-    quantized_dir = cache_dir() / "checkpoints" / f"smollm2-rtn{bits}-g{group_size}"
+    quantized_dir = cache_root() / "checkpoints" / f"smollm2-rtn{bits}-g{group_size}"
     if not quantized_dir.is_dir():
         quantize(checkpoint, quantized_dir, method="rtn", bits=bits, group_size=group_size, kernel=kernel, device=device)
     text = read_text(text_file) if text_file else None

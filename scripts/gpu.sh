@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The one script for the GPU machine (run through the `device` tool, carrying .whl):
+#   bash scripts/gpu.sh [stage ...]      stages: build test kernels e2e gptq awq   (default: build test kernels)
+# Installs the carried wheels, then runs each stage with its log (and JSON) under $OUT.
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD || exit 1
+export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/litquant-out}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+
+run() {  # run <stage> <command...>: log the exact command and its output to $OUT/<stage>.log
+  local stage=$1; shift
+  { echo "\$ $*"; date -u; } > "$OUT/$stage.log"
+  local t0=$SECONDS
+  "$@" 2>&1 | tee -a "$OUT/$stage.log"
+  local rc=${PIPESTATUS[0]}
+  echo "[$stage] exit $rc after $((SECONDS - t0)) s" | tee -a "$OUT/$stage.log" "$OUT/summary.txt"
+}
+
+stages=${*:-build test kernels}
+for stage in $stages; do
+  case $stage in
+    build)   run build python3 -m litquant kernels --build ;;
+    test)    run test python3 -m pytest -m gpu -q -x --no-header -p no:cacheprovider tests ;;
+    kernels) run kernels python3 benchmarks/kernels.py --out_dir "$OUT" ${KERNELS_ARGS:-} ;;
+    e2e)     run e2e python3 benchmarks/e2e_decode.py --out_dir "$OUT" ${E2E_ARGS:-} ;;
+    gptq)    run gptq python3 benchmarks/quantize_speed.py --out_dir "$OUT" ${GPTQ_ARGS:-} ;;
+    awq)     run awq python3 benchmarks/awq_speed.py --out_dir "$OUT" ${AWQ_ARGS:-} ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
