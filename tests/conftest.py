@@ -1,12 +1,17 @@
 """Shared fixtures: tiny random LitGPT checkpoints (fast unit tests) and the GPU skip."""
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
-from litgpt.config import Config
-from litgpt.model import GPT
-from litgpt.utils import save_config
+
+if not torch.cuda.is_available():  # Triton kernels run in its interpreter, chosen when triton is first imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # (litgpt imports it), so before anything else
+
+from litgpt.config import Config  # noqa: E402
+from litgpt.model import GPT  # noqa: E402
+from litgpt.utils import save_config  # noqa: E402
 
 VOCAB = 96
 

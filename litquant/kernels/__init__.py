@@ -12,9 +12,11 @@ from litquant.kernels.base import LayerSpec, QuantLinear
 
 # name -> "module:Class". Order is the `auto` preference: the fastest first, the reference last.
 REGISTRY: Dict[str, str] = {
+    "marlin": "litquant.kernels.marlin:MarlinQuantLinear",
+    "triton": "litquant.kernels.triton_kernel:TritonQuantLinear",
     "torch": "litquant.kernels.torch_dequant:TorchQuantLinear",
 }
-AUTO_ORDER: Tuple[str, ...] = ("torch",)
+AUTO_ORDER: Tuple[str, ...] = ("triton", "marlin", "torch")
 
 
 class KernelNotSupported(ValueError):
@@ -52,7 +54,7 @@ def select_kernel(name: str, specs: List[Tuple[str, LayerSpec]], device: torch.d
     if name == "auto":
         for candidate in AUTO_ORDER:
             cls = kernel_class(candidate)
-            if first_problem(cls, specs, device, dtype) is None:
+            if device.type in (cls.auto_devices or cls.devices) and first_problem(cls, specs, device, dtype) is None:
                 return cls
         name = "torch"
     cls = kernel_class(name)

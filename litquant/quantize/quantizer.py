@@ -4,7 +4,7 @@ Weights are [N, K] (the `nn.Linear.weight` layout): a group is `group_size` cons
 columns, and each output row has its own scale and zero point per group. The grid follows AutoGPTQ:
   zero-point: scale = (xmax - xmin) / maxq, zero = round(-xmin / scale), with xmin <= 0 <= xmax;
   symmetric:  xmax = max(|xmin|, xmax), xmin = -xmax, zero = 2**(bits-1) (stored as 7 in v1 4-bit).
-Scales are rounded to fp16 before codes are computed, so dequantizing the saved tensors gives exactly
+Scales are rounded (up) to fp16 before codes are computed, so dequantizing the saved tensors gives exactly
 the weights the recipe optimized against.
 """
 from typing import Optional, Tuple
@@ -29,7 +29,10 @@ def find_params(w: torch.Tensor, bits: int, sym: bool, xmin: Optional[torch.Tens
         xmin = -xmax
     dead = (xmin == 0) & (xmax == 0)
     xmin, xmax = torch.where(dead, -1.0, xmin), torch.where(dead, 1.0, xmax)
-    scale = ((xmax - xmin) / maxq).half().float()
+    exact = (xmax - xmin) / maxq
+    scale = exact.half()
+    # round the fp16 scale up, never down, so the grid still spans [xmin, xmax] and nothing extra is clipped
+    scale = torch.where(scale.float() < exact, torch.nextafter(scale, torch.full_like(scale, float("inf"))), scale).float()
     scale = torch.where(scale == 0, torch.finfo(torch.float16).tiny, scale)  # fp16 underflow of tiny ranges
     if sym:
         zero = torch.full_like(scale, (maxq + 1) / 2)
@@ -55,15 +58,17 @@ def group_bounds(in_features: int, group_size: int):
 
 def rtn_quantize(weight: torch.Tensor, bits: int, group_size: int, sym: bool,
                  bias: Optional[torch.Tensor] = None) -> QuantizedWeight:
-    """Round-to-nearest quantization of one Linear weight [N, K], group by group."""
+    """Round-to-nearest quantization of one Linear weight [N, K], all groups at once.
+
+    A last partial group is zero-padded: the grid always spans 0 (xmin <= 0 <= xmax), so padding with
+    zeros does not change any group's scale or zero point.
+    """
     n, k = weight.shape
-    groups = group_bounds(k, group_size)
-    codes = torch.empty(n, k, dtype=torch.uint8, device=weight.device)
-    scales = torch.empty(len(groups), n, dtype=torch.float16, device=weight.device)
-    zeros = torch.empty(len(groups), n, dtype=torch.uint8, device=weight.device)
-    for i, (s, e) in enumerate(groups):
-        scale, zero = find_params(weight[:, s:e], bits, sym)
-        codes[:, s:e] = quantize_codes(weight[:, s:e], scale, zero, bits).to(torch.uint8)
-        scales[i], zeros[i] = scale.half(), zero.to(torch.uint8)
-    return QuantizedWeight(codes.t().contiguous(), scales, zeros, default_g_idx(k, group_size, weight.device),
-                           bits, group_size, bias)
+    size = k if group_size == -1 else group_size
+    groups = -(-k // size)
+    padded = torch.nn.functional.pad(weight.float(), (0, groups * size - k)).view(n * groups, size)
+    scale, zero = find_params(padded, bits, sym)
+    codes = quantize_codes(padded, scale, zero, bits).view(n, groups * size)[:, :k]
+    return QuantizedWeight(codes.t().to(torch.uint8).contiguous(), scale.view(n, groups).t().half().contiguous(),
+                           zero.view(n, groups).t().to(torch.uint8).contiguous(),
+                           default_g_idx(k, group_size, weight.device), bits, group_size, bias)

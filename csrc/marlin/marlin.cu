@@ -1,0 +1,662 @@
+// Marlin-class GEMM: fp16/bf16 activations x 4-bit weights, fp32 accumulation on the tensor cores.
+//
+// Facts taken from the MARLIN paper (Frantar, Castro, Chen, Hoefler, Alistarh, 2024) and the public
+// descriptions of IST-DASLab/marlin and vLLM's gptq_marlin; the code is our own.
+//
+// Weight layout ("marlin layout", built by litquant/kernels/marlin.py:repack_weight)
+//   The weight W[K, N] is cut into warp tiles of 16 (k) x 64 (n). Inside a tile, the 64 columns are
+//   8 subtiles of n8, each the B operand of one mma.m16n8k16. Lane l of the warp owns, per subtile s,
+//   the 4 values of its B fragment: column 8s + l/4, rows 2(l%4) + {0, 1} (register b0b1) and
+//   2(l%4) + {8, 9} (register b2b3). Its 32 values (8 subtiles x 4) are one uint4: word j holds
+//   subtiles 2j and 2j+1 as the logical values e0..e7 = (b0 b1 b2 b3 of 2j, b0 b1 b2 b3 of 2j+1),
+//   stored interleaved: nibble p holds e[{0, 2, 4, 6, 1, 3, 5, 7}[p]]. Then masking nibbles {0, 4}
+//   yields the pair (e0, e1) in the two 16-bit halves, nibbles {1, 5} yields (e2, e3), and so on.
+//   Tiles are stored k-tile major: qweight[k16][n64][lane] (uint4), i.e. int32 [K/16, 2N].
+//
+// Dequantization (the exponent trick): OR-ing a nibble q into the mantissa of 1024.0 (fp16 0x6400)
+//   gives the fp16 number 1024 + q; a nibble at bits 4..7 gives 1024 + 16q. So one lop3 turns two
+//   nibbles into a half2, and (x - (1024 + z)) or fma(x, 1/16, -(64 + z)) gives q - z exactly; one
+//   hmul2 applies the group scale. bf16 has only 7 mantissa bits: 128.0 (0x4300) | q = 128 + q for the
+//   low nibble only, so bf16 shifts the word by 4 for each pair instead. Both produce exactly the
+//   dequantized values of the reference kernel ((q - z) rounded once by the scale multiply).
+//
+// Scales: [G, N] in the activation dtype, permuted inside each 64-column tile so that lane l finds its
+//   8 scales (subtiles 0..7 of column l/4) in 16 contiguous bytes: position 8(c%8) + c/8 holds column c.
+// Zero points: 4-bit, 8 bytes per (group, 64-column tile, l/4): word w holds the zeros of subtiles
+//   4w..4w+3 at nibbles {s, s+4}, so one lop3 yields the half2 (1024 + z, 1024 + z) of a subtile.
+//
+// Work split: a block computes (MB*16 rows) x TN columns ("column") over TK-row k tiles ("units").
+//   Units are ordered column-major (k fastest) and each block takes one contiguous stripe, so every
+//   SM gets the same amount of weight to stream even when N/TN is small (decode). Its warps split the
+//   block tile into 64-column warp tiles times kKGroups k slices; the k slices are summed through
+//   shared memory at the end of each column. A column cut between blocks is summed through an fp32
+//   scratch, serialized by one lock per column, in the order in which the blocks reach it.
+// Pipeline: kStages-deep cp.async ring of (B, A, scales, zeros) per unit, continuous across columns.
+//   A is read with ldmatrix from an XOR-swizzled tile (no bank conflicts).
+#include "marlin.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstring>
+
+namespace {
+
+// Row blocks of 16 per block tile: up to 64 rows in one pass over the weight.
+int row_blocks(int M) { return M >= 64 ? 4 : (M + 15) / 16; }
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_address(dst)), "l"(src));
+}
+
+// Copies 16 bytes, or writes 16 zero bytes when `valid` is false (rows past M).
+__device__ __forceinline__ void cp_async16_or_zero(void* dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src),
+               "r"(src_bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+
+// (a & mask) | magic in one instruction: lop3 with lookup table (0xF0 & 0xCC) | 0xAA.
+__device__ __forceinline__ uint32_t mask_or(uint32_t a, uint32_t mask, uint32_t magic) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(a), "r"(mask), "r"(magic));
+  return r;
+}
+
+__device__ __forceinline__ int load_acquire(const int32_t* p) {
+  int v;
+  asm volatile("ld.global.acquire.gpu.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void store_release(int32_t* p, int v) {
+  asm volatile("st.global.release.gpu.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+template <typename To, typename From>
+__device__ __forceinline__ To bit_cast(From v) {
+  static_assert(sizeof(To) == sizeof(From), "bit_cast needs equal sizes");
+  To r;
+  memcpy(&r, &v, sizeof(To));
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per dtype: the mma instruction, the dequantization of one weight word, and output conversion
+// ---------------------------------------------------------------------------------------------
+template <typename T>
+struct Dtype;
+
+template <>
+struct Dtype<half> {
+  using T2 = half2;
+  static constexpr uint32_t kMagic = 0x64006400u;  // 1024.0 in both halves
+
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ T2 pack(float lo, float hi) { return __floats2half2_rn(lo, hi); }
+  static __device__ __forceinline__ float2 unpack(T2 v) { return __half22float2(v); }
+};
+
+template <>
+struct Dtype<__nv_bfloat16> {
+  using T2 = __nv_bfloat162;
+  static constexpr uint32_t kMagic = 0x43004300u;  // 128.0 in both halves
+
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ T2 pack(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
+  static __device__ __forceinline__ float2 unpack(T2 v) { return __bfloat1622float2(v); }
+};
+
+// The zero-point word of a symmetric weight: every nibble 8.
+constexpr uint32_t kSymmetricZeros = 0x88888888u;
+
+// Scale of subtile s as (scale, scale), from the lane's 8 scales (4 words of 2).
+__device__ __forceinline__ uint32_t broadcast_scale(const uint32_t (&scales)[4], int s) {
+  return __byte_perm(scales[s / 2], 0, (s % 2) ? 0x3232 : 0x1010);
+}
+
+// The lane's constants for one quantization group: scale and zero point of each of its 8 subtiles.
+template <typename T>
+struct GroupConstants;
+
+template <>
+struct GroupConstants<half> {
+  half2 scale[8];
+  half2 zero_low[8];   // 1024 + z: subtracted from low-nibble pairs, which hold 1024 + q
+  half2 zero_high[8];  // -(64 + z): added to high-nibble pairs (1024 + 16q) after their 1/16 scaling
+
+  __device__ __forceinline__ void load(uint4 s, uint2 z) {
+    const uint32_t words[4] = {s.x, s.y, s.z, s.w};
+    const half2 k960 = bit_cast<half2>(0x63806380u);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      scale[i] = bit_cast<half2>(broadcast_scale(words, i));
+      const uint32_t zw = (i < 4 ? z.x : z.y) >> (4 * (i % 4));
+      zero_low[i] = bit_cast<half2>(mask_or(zw, 0x000f000fu, Dtype<half>::kMagic));
+      zero_high[i] = __hsub2(k960, zero_low[i]);
+    }
+  }
+
+  // Word j of a lane's tile -> B fragments {b0b1, b2b3} of subtile 2j, then of subtile 2j + 1.
+  __device__ __forceinline__ void dequant(uint32_t q, int j, uint32_t (&b)[4]) const {
+    const half2 sixteenth = bit_cast<half2>(0x2c002c00u);
+    const uint32_t low0 = mask_or(q, 0x000f000fu, Dtype<half>::kMagic);
+    const uint32_t high0 = mask_or(q, 0x00f000f0u, Dtype<half>::kMagic);
+    q >>= 8;
+    const uint32_t low1 = mask_or(q, 0x000f000fu, Dtype<half>::kMagic);
+    const uint32_t high1 = mask_or(q, 0x00f000f0u, Dtype<half>::kMagic);
+    const int s0 = 2 * j, s1 = 2 * j + 1;
+    b[0] = bit_cast<uint32_t>(__hmul2(__hsub2(bit_cast<half2>(low0), zero_low[s0]), scale[s0]));
+    b[1] = bit_cast<uint32_t>(__hmul2(__hfma2(bit_cast<half2>(high0), sixteenth, zero_high[s0]), scale[s0]));
+    b[2] = bit_cast<uint32_t>(__hmul2(__hsub2(bit_cast<half2>(low1), zero_low[s1]), scale[s1]));
+    b[3] = bit_cast<uint32_t>(__hmul2(__hfma2(bit_cast<half2>(high1), sixteenth, zero_high[s1]), scale[s1]));
+  }
+};
+
+template <>
+struct GroupConstants<__nv_bfloat16> {
+  __nv_bfloat162 scale[8];
+  __nv_bfloat162 zero[8];  // 128 + z: subtracted from the pairs, which hold 128 + q
+
+  __device__ __forceinline__ void load(uint4 s, uint2 z) {
+    const uint32_t words[4] = {s.x, s.y, s.z, s.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      scale[i] = bit_cast<__nv_bfloat162>(broadcast_scale(words, i));
+      const uint32_t zw = (i < 4 ? z.x : z.y) >> (4 * (i % 4));
+      zero[i] = bit_cast<__nv_bfloat162>(mask_or(zw, 0x000f000fu, Dtype<__nv_bfloat16>::kMagic));
+    }
+  }
+
+  __device__ __forceinline__ void dequant(uint32_t q, int j, uint32_t (&b)[4]) const {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int s = 2 * j + i / 2;
+      const uint32_t biased = mask_or(q >> (4 * i), 0x000f000fu, Dtype<__nv_bfloat16>::kMagic);
+      b[i] = bit_cast<uint32_t>(__hmul2(__hsub2(bit_cast<__nv_bfloat162>(biased), zero[s]), scale[s]));
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Tile shapes
+// ---------------------------------------------------------------------------------------------
+constexpr int kSmemBudget = 160 * 1024;  // fits an A100 (163 KB per block) as well as a Hopper
+
+template <int MB, int TK, int TN>
+struct Tile {
+  static constexpr int kTN64 = TN / 64;  // warp tiles across the block's columns
+  static constexpr int kKGroups = 8 / kTN64;  // warps along k: always 8 warps
+  static constexpr int kWarps = kTN64 * kKGroups;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kK16PerWarp = TK / 16 / kKGroups;  // k16 steps of one warp per unit
+  static constexpr int kMaxGroupRows = TK / 32;  // group sizes are >= 32
+  // shared memory of one pipeline stage, in uint4
+  static constexpr int kB = TK * TN / 32;
+  static constexpr int kA = MB * 16 * TK / 8;
+  static constexpr int kScales = kMaxGroupRows * TN / 8;
+  static constexpr int kZeros = kMaxGroupRows * TN / 16;
+  static constexpr int kStage = kB + kA + kScales + kZeros;
+  // shared memory for summing the k-group warps, in float4
+  static constexpr int kReduce = kKGroups > 1 ? kTN64 * MB * 8 * 32 : 0;
+  // as many stages as fit the budget, 3 to 6
+  static constexpr int kFit = (kSmemBudget / 16 - kReduce) / kStage;
+  static constexpr int kStages = kFit > 6 ? 6 : (kFit < 3 ? 3 : kFit);
+  static constexpr int kSmemBytes = 16 * (kStages * kStage + kReduce);
+  static_assert(kK16PerWarp >= 1 && kK16PerWarp * kKGroups * 16 == TK, "k tile must split over the warps");
+  static_assert(kB % kThreads == 0, "weight tile must split evenly over the threads");
+  static_assert(kSmemBytes <= kSmemBudget, "tile does not fit in shared memory");
+};
+
+struct GemmArgs {
+  const uint4* x;        // [M, K/8]
+  const uint4* qweight;  // [K/16, N/64, 32]
+  const uint4* scales;   // [G, N/8]
+  const uint2* zeros;    // [G, N/8] or nullptr (symmetric)
+  const void* bias;      // [N] or nullptr
+  void* out;             // [M, N]
+  float4* partial;       // fp32 partial sums of columns cut between blocks
+  int32_t* locks;        // one per column
+  int M, K, N;
+  int group_shift;       // log2(group_size), or -1 for one group over all of K
+  int units_per_block;
+};
+
+// A block's position in its stripe of units, ordered (n tile, row chunk, k tile) with k fastest.
+// Advanced by counting, so the main loop does no integer division.
+struct UnitCursor {
+  int kt, chunk, nt;
+
+  __host__ __device__ void start(int u, int k_tiles, int chunks) {
+    const int col = u / k_tiles;
+    kt = u - col * k_tiles;
+    nt = col / chunks;
+    chunk = col - nt * chunks;
+  }
+  __host__ __device__ void advance(int k_tiles, int chunks) {
+    if (++kt == k_tiles) {
+      kt = 0;
+      if (++chunk == chunks) chunk = 0, ++nt;
+    }
+  }
+  // Columns are ordered (n tile, row chunk): blocks next to each other share weight tiles in L2.
+  __host__ __device__ int column(int chunks) const { return nt * chunks + chunk; }
+};
+
+template <typename T, int MB, int TK, int TN>
+__global__ void __launch_bounds__(Tile<MB, TK, TN>::kThreads, 1) marlin_gemm_kernel(const GemmArgs args) {
+  using C = Tile<MB, TK, TN>;
+  using T2 = typename Dtype<T>::T2;
+  extern __shared__ uint4 smem[];
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wn = warp % C::kTN64;  // this warp's 64-column tile
+  const int wk = warp / C::kTN64;  // this warp's k slice of each unit
+  const int M = args.M, K = args.K, N = args.N, shift = args.group_shift;
+  const int k_tiles = K / TK, n_tiles = N / TN;
+  const int chunks = (M + MB * 16 - 1) / (MB * 16);
+  const int units = n_tiles * chunks * k_tiles;
+  const int per_block = args.units_per_block;
+  const int u_begin = blockIdx.x * per_block;
+  const int u_end = min(units, u_begin + per_block);
+  if (u_begin >= u_end) return;
+  const int groups = shift < 0 ? 1 : ((K - 1) >> shift) + 1;
+  const int group_rows = shift < 0 ? 1 : max(1, TK >> shift);
+  const size_t b_ktile_stride = (size_t)(TK / 16) * (N / 64) * 32;  // uint4 per k tile of the weight
+  const bool has_zeros = args.zeros != nullptr;
+
+  // Each thread's share of a stage's copies is fixed: precompute its offsets once, so a fetch is a
+  // few pointer adds and cp.async. Loops run a compile-time number of times, guarded where the
+  // last round is partial.
+  constexpr int kBCopies = C::kB / C::kThreads;
+  constexpr int kACopies = (C::kA + C::kThreads - 1) / C::kThreads;
+  int b_src[kBCopies];  // offset in qweight from the unit's first uint4
+  int a_row[kACopies], a_src[kACopies], a_dst[kACopies];
+#pragma unroll
+  for (int it = 0; it < kBCopies; ++it) {
+    const int i = it * C::kThreads + tid;
+    b_src[it] = i / (C::kTN64 * 32) * (N / 64) * 32 + i % (C::kTN64 * 32);
+  }
+#pragma unroll
+  for (int it = 0; it < kACopies; ++it) {
+    const int i = it * C::kThreads + tid, r = i / (TK / 8), c = i % (TK / 8);
+    a_row[it] = (C::kA % C::kThreads == 0 || i < C::kA) ? r : -1;  // -1: no copy in this round
+    a_src[it] = r * (K / 8) + c;
+    a_dst[it] = C::kB + r * (TK / 8) + (c ^ (r % 8));
+  }
+  const int s_copies = group_rows * (TN / 8), z_copies = group_rows * (TN / 16);
+  const int s_src = tid / (TN / 8) * (N / 8) + tid % (TN / 8);
+  const int z_src = tid / (TN / 16) * (N / 16) + tid % (TN / 16);
+  static_assert(C::kScales <= C::kThreads, "one scale copy per thread");
+
+  auto fetch = [&](const UnitCursor& cur, int stage) {
+    uint4* st = smem + stage * C::kStage;
+    const uint4* gb = args.qweight + (cur.kt * b_ktile_stride + cur.nt * (C::kTN64 * 32));
+#pragma unroll
+    for (int it = 0; it < kBCopies; ++it) cp_async16(st + it * C::kThreads + tid, gb + b_src[it]);
+    const int row0 = cur.chunk * MB * 16;
+    const uint4* ga = args.x + ((size_t)row0 * (K / 8) + cur.kt * (TK / 8));
+#pragma unroll
+    for (int it = 0; it < kACopies; ++it) {
+      if (C::kA % C::kThreads == 0 || a_row[it] >= 0) {
+        const bool valid = row0 + a_row[it] < M;  // rows past M are zero-filled
+        cp_async16_or_zero(st + a_dst[it], valid ? ga + a_src[it] : ga, valid);
+      }
+    }
+    const int g0 = shift < 0 ? 0 : (cur.kt * TK) >> shift;
+    if (tid < s_copies)
+      cp_async16(st + C::kB + C::kA + tid, args.scales + ((size_t)g0 * (N / 8) + cur.nt * (TN / 8) + s_src));
+    if (has_zeros && tid < z_copies)
+      cp_async16(st + C::kB + C::kA + C::kScales + tid,
+                 reinterpret_cast<const uint4*>(args.zeros) + ((size_t)g0 * (N / 16) + cur.nt * (TN / 16) + z_src));
+  };
+
+  float acc[MB][8][4];
+#pragma unroll
+  for (int m = 0; m < MB; ++m)
+#pragma unroll
+    for (int s = 0; s < 8; ++s)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[m][s][i] = 0.f;
+
+  GroupConstants<T> consts;
+  int consts_key = -1;  // (column, group) of `consts`; reloaded only when it changes
+
+  auto compute = [&](const UnitCursor& cur, int stage) {
+    const int col = cur.column(chunks);
+    const uint4* st = smem + stage * C::kStage;
+#pragma unroll
+    for (int t = 0; t < C::kK16PerWarp; ++t) {
+      const int kk = wk * C::kK16PerWarp + t;
+      int group_row = 0, key = col;
+      if (shift >= 0) {
+        const int g = (cur.kt * TK + kk * 16) >> shift;
+        group_row = g - ((cur.kt * TK) >> shift);
+        key = col * groups + g;
+      }
+      if (key != consts_key) {
+        consts_key = key;
+        const uint4 s = st[C::kB + C::kA + group_row * (TN / 8) + wn * 8 + lane / 4];
+        const uint2 z = has_zeros
+            ? reinterpret_cast<const uint2*>(st + C::kB + C::kA + C::kScales)[group_row * (TN / 8) + wn * 8 + lane / 4]
+            : make_uint2(kSymmetricZeros, kSymmetricZeros);
+        consts.load(s, z);
+      }
+      const uint4 q = st[kk * C::kTN64 * 32 + wn * 32 + lane];
+      uint32_t a[MB][4];
+#pragma unroll
+      for (int m = 0; m < MB; ++m) {
+        const int row = m * 16 + lane % 8 + ((lane / 8) % 2) * 8;
+        const int chunk = kk * 2 + lane / 16;
+        ldmatrix_x4(a[m], st + C::kB + row * (TK / 8) + (chunk ^ (row % 8)));
+      }
+      const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t b[4];
+        consts.dequant(words[j], j, b);
+#pragma unroll
+        for (int m = 0; m < MB; ++m) {
+          Dtype<T>::mma(acc[m][2 * j], a[m], b[0], b[1]);
+          Dtype<T>::mma(acc[m][2 * j + 1], a[m], b[2], b[3]);
+        }
+      }
+    }
+  };
+
+  // End of a column's stripe in this block: sum the k-slice warps, then the blocks, then write.
+  auto finish_column = [&](const UnitCursor& cur) {
+    const int col = cur.column(chunks);
+    if constexpr (C::kKGroups > 1) {
+      float4* red = reinterpret_cast<float4*>(smem + C::kStages * C::kStage);
+#pragma unroll 1
+      for (int g = C::kKGroups - 1; g > 0; --g) {
+        if (wk == g) {
+#pragma unroll
+          for (int m = 0; m < MB; ++m)
+#pragma unroll
+            for (int s = 0; s < 8; ++s) {
+              float4& r = red[((wn * MB + m) * 8 + s) * 32 + lane];
+              const float* v = acc[m][s];
+              if (g == C::kKGroups - 1) r = make_float4(v[0], v[1], v[2], v[3]);
+              else r = make_float4(r.x + v[0], r.y + v[1], r.z + v[2], r.w + v[3]);
+            }
+        }
+        __syncthreads();
+      }
+      if (wk == 0) {
+#pragma unroll
+        for (int m = 0; m < MB; ++m)
+#pragma unroll
+          for (int s = 0; s < 8; ++s) {
+            const float4 r = red[((wn * MB + m) * 8 + s) * 32 + lane];
+            acc[m][s][0] += r.x, acc[m][s][1] += r.y, acc[m][s][2] += r.z, acc[m][s][3] += r.w;
+          }
+      }
+    }
+
+    // A column cut between blocks is summed in the order the blocks reach it: its last block meets
+    // it at the start of its stripe, its first block at the end. So the last block goes first and
+    // the first block adds the final part and writes the output; nobody waits for a busy block.
+    const int first_block = (col * k_tiles) / per_block;
+    const int last_block = ((col + 1) * k_tiles - 1) / per_block;
+    const int rank = last_block - blockIdx.x;
+    const bool writes_output = blockIdx.x == first_block;
+    if (first_block != last_block) {
+      if (tid == 0)
+        while (load_acquire(args.locks + col) != rank) {
+        }
+      __syncthreads();
+      if (wk == 0) {
+        float4* p = args.partial + ((size_t)col * C::kTN64 + wn) * MB * 8 * 32;
+#pragma unroll
+        for (int m = 0; m < MB; ++m)
+#pragma unroll
+          for (int s = 0; s < 8; ++s) {
+            const int i = (m * 8 + s) * 32 + lane;
+            if (rank > 0) {
+              const float4 r = __ldcg(p + i);
+              acc[m][s][0] += r.x, acc[m][s][1] += r.y, acc[m][s][2] += r.z, acc[m][s][3] += r.w;
+            }
+            if (!writes_output) __stcg(p + i, make_float4(acc[m][s][0], acc[m][s][1], acc[m][s][2], acc[m][s][3]));
+          }
+        __threadfence();
+      }
+      __syncthreads();
+      if (tid == 0) store_release(args.locks + col, writes_output ? 0 : rank + 1);
+    }
+
+    if (writes_output && wk == 0) {
+      const T2* bias = static_cast<const T2*>(args.bias);
+      T2* out = static_cast<T2*>(args.out);
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int n = cur.nt * TN + wn * 64 + s * 8 + (lane % 4) * 2;
+        const float2 b = bias ? Dtype<T>::unpack(bias[n / 2]) : make_float2(0.f, 0.f);
+#pragma unroll
+        for (int m = 0; m < MB; ++m)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = cur.chunk * MB * 16 + m * 16 + lane / 4 + 8 * h;
+            if (row < M) out[((size_t)row * N + n) / 2] = Dtype<T>::pack(acc[m][s][2 * h] + b.x, acc[m][s][2 * h + 1] + b.y);
+          }
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < MB; ++m)
+#pragma unroll
+      for (int s = 0; s < 8; ++s)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[m][s][i] = 0.f;
+  };
+
+  UnitCursor fetch_at, compute_at;
+  fetch_at.start(u_begin, k_tiles, chunks);
+  compute_at = fetch_at;
+#pragma unroll 1
+  for (int s = 0; s < C::kStages - 1; ++s) {
+    if (u_begin + s < u_end) {
+      fetch(fetch_at, s);
+      fetch_at.advance(k_tiles, chunks);
+    }
+    cp_async_commit();
+  }
+  int compute_stage = 0, fetch_stage = C::kStages - 1;
+#pragma unroll 1
+  for (int u = u_begin; u < u_end; ++u) {
+    cp_async_wait<C::kStages - 2>();
+    __syncthreads();  // this unit's stage has landed for everyone, and nobody still reads the previous one
+    if (u + C::kStages - 1 < u_end) {
+      fetch(fetch_at, fetch_stage);
+      fetch_at.advance(k_tiles, chunks);
+    }
+    cp_async_commit();
+    compute(compute_at, compute_stage);
+    if (compute_at.kt == k_tiles - 1 || u == u_end - 1) finish_column(compute_at);
+    compute_at.advance(k_tiles, chunks);
+    compute_stage = compute_stage == C::kStages - 1 ? 0 : compute_stage + 1;
+    fetch_stage = fetch_stage == C::kStages - 1 ? 0 : fetch_stage + 1;
+  }
+  cp_async_wait<0>();
+}
+
+template <typename T, int MB, int TK, int TN>
+const char* launch_gemm(GemmArgs args, cudaStream_t stream) {
+  using C = Tile<MB, TK, TN>;
+  int device = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  const int chunks = (args.M + MB * 16 - 1) / (MB * 16);
+  const int units = (args.N / TN) * chunks * (args.K / TK);
+  args.units_per_block = (units + sms - 1) / sms;
+  const int grid = (units + args.units_per_block - 1) / args.units_per_block;
+  auto kernel = marlin_gemm_kernel<T, MB, TK, TN>;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(args);
+  err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+// Tile shape per row-block count. Few rows: 128 x 256 tiles give each warp 4 k16 steps per unit,
+// enough work to hide the per-unit bookkeeping. Many rows: 64 x 256 tiles (each A tile feeds more
+// columns). Narrower tiles where N is not a multiple of 256; K or N is a multiple of 128.
+template <typename T, int MB>
+const char* dispatch_tile(const GemmArgs& args, cudaStream_t stream) {
+  const bool k128 = args.K % 128 == 0, n256 = args.N % 256 == 0, n128 = args.N % 128 == 0;
+  if constexpr (MB <= 2) {
+    if (!k128) return launch_gemm<T, MB, 64, 128>(args, stream);
+    if (n256) return launch_gemm<T, MB, 128, 256>(args, stream);
+    return n128 ? launch_gemm<T, MB, 128, 128>(args, stream) : launch_gemm<T, MB, 128, 64>(args, stream);
+  } else {
+    if (n256) return launch_gemm<T, MB, 64, 256>(args, stream);
+    return n128 ? launch_gemm<T, MB, 64, 128>(args, stream) : launch_gemm<T, MB, 128, 64>(args, stream);
+  }
+}
+
+template <typename T>
+const char* dispatch_rows(const GemmArgs& args, cudaStream_t stream) {
+  switch (row_blocks(args.M)) {
+    case 1: return dispatch_tile<T, 1>(args, stream);
+    case 2: return dispatch_tile<T, 2>(args, stream);
+    case 3: return dispatch_tile<T, 3>(args, stream);
+    default: return dispatch_tile<T, 4>(args, stream);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dequantize to a dense [K, N] matrix (the large-M path feeds it to cuBLAS)
+// ---------------------------------------------------------------------------------------------
+constexpr int kDequantWarps = 8;
+
+template <typename T>
+__global__ void __launch_bounds__(32 * kDequantWarps) marlin_dequant_kernel(
+    const uint4* qweight, const uint4* scales, const uint2* zeros, T* w, int K, int N, int gs) {
+  // One warp per 16 x 64 tile; its values pass through shared memory so rows go out in 128-byte
+  // stores. Rows are padded by 8 values so the 2-byte scatter of the fragments spreads over banks.
+  __shared__ __align__(16) T tile[kDequantWarps][16][72];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n_tiles = N / 64;
+  const int t = blockIdx.x * kDequantWarps + warp;
+  if (t >= (K / 16) * n_tiles) return;
+  const int kt = t / n_tiles, nt = t % n_tiles;
+  const int g = gs < 0 ? 0 : kt * 16 / gs;
+  GroupConstants<T> consts;
+  consts.load(scales[(size_t)g * (N / 8) + nt * 8 + lane / 4],
+              zeros ? zeros[(size_t)g * (N / 8) + nt * 8 + lane / 4] : make_uint2(kSymmetricZeros, kSymmetricZeros));
+  const uint4 q = qweight[(size_t)t * 32 + lane];
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t b[4];
+    consts.dequant(words[j], j, b);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = 2 * (lane % 4) + 8 * (i % 2);
+      const int col = (2 * j + i / 2) * 8 + lane / 4;
+      const auto pair = bit_cast<typename Dtype<T>::T2>(b[i]);
+      tile[warp][row][col] = pair.x;
+      tile[warp][row + 1][col] = pair.y;
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int it = 0; it < 4; ++it) {
+    const int row = it * 4 + lane / 8, chunk = lane % 8;
+    *reinterpret_cast<uint4*>(w + (size_t)(kt * 16 + row) * N + nt * 64 + chunk * 8) =
+        *reinterpret_cast<const uint4*>(&tile[warp][row][chunk * 8]);
+  }
+}
+
+const char* check_shape(int K, int N, int group_size) {
+  if (K <= 0 || N <= 0 || K % 64 != 0 || N % 64 != 0) return "marlin needs K and N to be positive multiples of 64";
+  if (K % 128 != 0 && N % 128 != 0) return "marlin needs K or N to be a multiple of 128 (pad K with zero rows)";
+  if (group_size != -1 && group_size != 32 && group_size != 64 && group_size != 128)
+    return "marlin supports group_size -1, 32, 64 or 128";
+  return nullptr;
+}
+
+}  // namespace
+
+extern "C" {
+
+int64_t litquant_marlin_partial_floats(int M, int N) {
+  const int rows = row_blocks(M) * 16;
+  return (int64_t)((M + rows - 1) / rows) * rows * N;
+}
+
+int64_t litquant_marlin_lock_count(int M, int N) {
+  const int rows = row_blocks(M) * 16;
+  return (int64_t)((M + rows - 1) / rows) * (N / 64);
+}
+
+const char* litquant_marlin_gemm(const void* x, const int32_t* qweight, const void* scales, const int32_t* zeros,
+                                 const void* bias, void* out, float* partial, int32_t* locks, int M, int K, int N,
+                                 int group_size, int is_bf16, cudaStream_t stream) {
+  if (const char* bad = check_shape(K, N, group_size)) return bad;
+  if (M <= 0) return nullptr;
+  GemmArgs args;
+  args.x = static_cast<const uint4*>(x);
+  args.qweight = reinterpret_cast<const uint4*>(qweight);
+  args.scales = static_cast<const uint4*>(scales);
+  args.zeros = reinterpret_cast<const uint2*>(zeros);
+  args.bias = bias;
+  args.out = out;
+  args.partial = reinterpret_cast<float4*>(partial);
+  args.locks = locks;
+  args.M = M, args.K = K, args.N = N;
+  args.group_shift = group_size == -1 ? -1 : group_size == 32 ? 5 : group_size == 64 ? 6 : 7;
+  args.units_per_block = 0;
+  return is_bf16 ? dispatch_rows<__nv_bfloat16>(args, stream) : dispatch_rows<half>(args, stream);
+}
+
+const char* litquant_marlin_dequant(const int32_t* qweight, const void* scales, const int32_t* zeros, void* w, int K,
+                                    int N, int group_size, int is_bf16, cudaStream_t stream) {
+  if (const char* bad = check_shape(K, N, group_size)) return bad;
+  const int tiles = (K / 16) * (N / 64);
+  const int grid = (tiles + kDequantWarps - 1) / kDequantWarps;
+  const uint4* q = reinterpret_cast<const uint4*>(qweight);
+  const uint4* s = static_cast<const uint4*>(scales);
+  const uint2* z = reinterpret_cast<const uint2*>(zeros);
+  if (is_bf16)
+    marlin_dequant_kernel<__nv_bfloat16><<<grid, 32 * kDequantWarps, 0, stream>>>(
+        q, s, z, static_cast<__nv_bfloat16*>(w), K, N, group_size);
+  else
+    marlin_dequant_kernel<half><<<grid, 32 * kDequantWarps, 0, stream>>>(q, s, z, static_cast<half*>(w), K, N,
+                                                                          group_size);
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+}  // extern "C"

@@ -1,0 +1,185 @@
+"""The `marlin` kernel: a Marlin-class fused 4-bit GEMM on the tensor cores (csrc/marlin/marlin.cu).
+
+At load, the weight is repacked (vectorized torch, on the target device) into the kernel's layout:
+16 x 64 weight tiles permuted so that each lane of a warp loads the B fragments of its mma.m16n8k16
+instructions with one 16-byte load, with nibbles interleaved for the exponent-trick dequantization;
+scales and zero points permuted to match. act_order is handled by sorting the rows by group once at
+load and gathering the activation columns in the same order on each call.
+
+For many rows (M >= `dense_from_m`) the weight is dequantized once per call and multiplied by cuBLAS,
+which is then the faster way.
+"""
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from litquant.formats import QuantizedWeight
+from litquant.formats.common import default_g_idx, num_groups
+from litquant.kernels import build
+from litquant.kernels.base import QuantLinear
+
+# Nibble p of a weight word holds logical value NIBBLE_ORDER[p] of the lane's 8 values
+# (b0 b1 b2 b3 of subtile 2j, then of subtile 2j + 1): masking nibbles {0, 4} gives the pair (0, 1),
+# nibbles {1, 5} the pair (2, 3), and so on.
+NIBBLE_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+TILE_K, TILE_N = 16, 64  # one warp tile
+ROWS_PER_PASS = 64  # the kernel handles up to 64 rows per pass over the weight
+
+
+def _to_int32(words: torch.Tensor) -> torch.Tensor:
+    """Unsigned 32-bit values held in int64 -> the int32 with the same bits."""
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def tile_positions(device=None) -> torch.Tensor:
+    """[32 lanes, 4 words, 8 nibbles] -> row * 64 + column, inside a 16 x 64 tile, of the value stored there.
+
+    Lane l holds, for each n8 subtile s, the B fragment of mma.m16n8k16: column 8s + l/4 and rows
+    2(l%4) + {0, 1} (register b0b1) and 2(l%4) + {8, 9} (register b2b3). Word j holds subtiles 2j, 2j+1.
+    """
+    lane = torch.arange(32, device=device).view(32, 1, 1)
+    word = torch.arange(4, device=device).view(1, 4, 1)
+    value = torch.tensor(NIBBLE_ORDER, device=device).view(1, 1, 8)
+    subtile, register = 2 * word + value // 4, value % 4
+    row = 2 * (lane % 4) + register % 2 + 8 * (register // 2)
+    col = 8 * subtile + lane // 4
+    return row * TILE_N + col
+
+
+def repack_weight(codes: torch.Tensor, rows_per_slab: int = 4096) -> torch.Tensor:
+    """4-bit codes uint8 [K, N] -> the marlin layout, int32 [K/16, 2N] (one uint4 per lane per 16 x 64 tile).
+
+    Works through `rows_per_slab` rows of K at a time to bound the int64 temporaries.
+    """
+    k, n = codes.shape
+    positions = tile_positions(codes.device).view(-1)
+    shifts = 4 * torch.arange(8, device=codes.device)
+    out = torch.empty(k // TILE_K, 2 * n, dtype=torch.int32, device=codes.device)
+    for start in range(0, k, rows_per_slab):
+        slab = codes[start:start + rows_per_slab]
+        kt = slab.shape[0] // TILE_K
+        tiles = slab.view(kt, TILE_K, n // TILE_N, TILE_N).permute(0, 2, 1, 3).reshape(kt, n // TILE_N, TILE_K * TILE_N)
+        nibbles = tiles.index_select(2, positions).view(kt, n // TILE_N, 32, 4, 8).to(torch.int64)
+        words = (nibbles << shifts).sum(-1)
+        out[start // TILE_K:start // TILE_K + kt] = _to_int32(words).view(kt, 2 * n)
+    return out
+
+
+def permute_scales(scales: torch.Tensor) -> torch.Tensor:
+    """[G, N] -> [G, N] with column 8s + i of each 64-column tile at position 8i + s, so lane l finds
+    the scales of its 8 subtiles (column l/4 of each) in 16 contiguous bytes."""
+    g, n = scales.shape
+    return scales.reshape(g, n // TILE_N, 8, 8).transpose(-1, -2).reshape(g, n).contiguous()
+
+
+def pack_zeros(zeros: torch.Tensor) -> torch.Tensor:
+    """Zero points uint8 [G, N] -> int32 [G, N/4]: for each 64-column tile and lane group i = l/4, two
+    words; word w holds the zero of subtile 4w + t (column 8(4w + t) + i) at nibbles t and t + 4, so that
+    masking nibbles {t, t + 4} yields the zero of one subtile in both halves."""
+    g, n = zeros.shape
+    z = zeros.reshape(g, n // TILE_N, 2, 4, 8).to(torch.int64)  # [G, tile, w, t, i]
+    low = (z << (4 * torch.arange(4, device=zeros.device)).view(1, 1, 1, 4, 1)).sum(3)  # [G, tile, w, i]
+    words = low | (low << 16)
+    return _to_int32(words.permute(0, 1, 3, 2).reshape(g, n // 4)).contiguous()
+
+
+def _register_fakes() -> None:
+    """Shapes of the ops for torch.compile / meta tensors (the out= ops mutate in place and return nothing)."""
+
+    @torch.library.register_fake("litquant_marlin::gemm")
+    def _(x, qweight, scales, zeros, bias, locks, group_size):
+        return x.new_empty(x.shape[0], scales.shape[1])
+
+    @torch.library.register_fake("litquant_marlin::gemm_out")
+    def _(x, qweight, scales, zeros, bias, locks, group_size, out):
+        return None
+
+    @torch.library.register_fake("litquant_marlin::dequant_out")
+    def _(qweight, scales, zeros, group_size, out):
+        return None
+
+
+def load_ops(device: torch.device = None):
+    """Build (first use) and load the CUDA ops; returns `torch.ops.litquant_marlin`."""
+    first = not hasattr(torch.ops.litquant_marlin, "gemm")
+    build.load("marlin", device)
+    if first:
+        _register_fakes()
+    return torch.ops.litquant_marlin
+
+
+class MarlinQuantLinear(QuantLinear):
+    name = "marlin"
+    description = "fused 4-bit tensor-core GEMM (Marlin-class), fp16/bf16, sm_80+; built on first use"
+    bits = (4,)
+    group_sizes = (-1, 32, 64, 128)
+    zero_point = True
+    act_order = True
+    dtypes = (torch.float16, torch.bfloat16)
+    devices = ("cuda",)
+    min_capability = (8, 0)
+    # Warp tiles are 16 x 64, and block tiles need K or N to be a multiple of 128: K and N must be
+    # multiples of 64, and when neither is a multiple of 128, K is padded with zero rows at load.
+    k_multiple = 64
+    n_multiple = 64
+    # From this many rows on, dequantize once + cuBLAS beats the fused kernel. Measured on an H200,
+    # Llama-2-70B MLP shapes, bf16 g128: fused 185 us at M=64 and 340 us at M=128; dequantize
+    # (~140 us) + cuBLAS (138 us at M=128) ~ 280 us (benchmarks/results/2026-11-30-marlin-layers.log).
+    dense_from_m: ClassVar[int] = 128
+
+    @classmethod
+    def unavailable(cls):
+        return build.unavailable_reason(cls.name)
+
+    def load_quantized(self, qw: QuantizedWeight) -> None:
+        if qw.bits != 4:
+            raise ValueError(f"marlin supports 4-bit weights, not {qw.bits}-bit")
+        k, n = qw.in_features, qw.out_features
+        if k % self.k_multiple or n % self.n_multiple:
+            raise ValueError(f"marlin needs in_features a multiple of {self.k_multiple} and out_features a "
+                             f"multiple of {self.n_multiple}, got {k}x{n}")
+        if qw.group_size not in self.group_sizes:
+            raise ValueError(f"marlin supports group_size {'/'.join(map(str, self.group_sizes))}, not {qw.group_size}")
+        codes, perm = qw.codes, None
+        if qw.act_order:
+            # Sorting the rows by group makes each group a contiguous run of rows again; the
+            # activations are gathered in the same order on every call.
+            perm = torch.argsort(qw.g_idx, stable=True)
+            if not torch.equal(qw.g_idx[perm], default_g_idx(k, qw.group_size, qw.g_idx.device)):
+                raise ValueError("marlin's act_order needs every group to hold exactly group_size rows "
+                                 "(as GPTQ desc_act writes them); this g_idx does not")
+            codes = codes[perm]
+        scales, zeros = qw.scales, qw.zeros
+        self.padded_in_features = k if k % 128 == 0 or n % 128 == 0 else -(-k // 128) * 128
+        if self.padded_in_features != k:  # the activations get zero columns to match: no effect on y
+            groups = num_groups(self.padded_in_features, qw.group_size)
+            codes = torch.cat([codes, codes.new_zeros(self.padded_in_features - k, n)])
+            scales = torch.cat([scales, scales.new_zeros(groups - scales.shape[0], n)])
+            zeros = torch.cat([zeros, zeros.new_full((groups - zeros.shape[0], n), 8)])
+        self.group_size = qw.group_size
+        self.register_buffer("perm", perm)
+        self.register_buffer("qweight", repack_weight(codes.contiguous()))
+        self.register_buffer("scales", permute_scales(scales).to(self.dtype))
+        self.register_buffer("zeros", None if qw.sym else pack_zeros(zeros))
+        chunks = -(-(self.dense_from_m - 1) // ROWS_PER_PASS)
+        self.register_buffer("locks", torch.zeros(chunks * (n // 64), dtype=torch.int32, device=codes.device))
+        self.set_bias(qw.bias)
+        if codes.is_cuda:
+            load_ops(codes.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out_shape = (*x.shape[:-1], self.out_features)
+        x = x.reshape(-1, self.in_features).to(self.scales.dtype)
+        if self.perm is not None:
+            x = x.index_select(1, self.perm)
+        if self.padded_in_features != self.in_features:
+            x = F.pad(x, (0, self.padded_in_features - self.in_features))
+        ops = torch.ops.litquant_marlin
+        if x.shape[0] >= self.dense_from_m:
+            w = torch.empty(self.padded_in_features, self.out_features, dtype=x.dtype, device=x.device)
+            ops.dequant_out(self.qweight, self.scales, self.zeros, self.group_size, w)
+            y = torch.mm(x, w) if self.bias is None else torch.addmm(self.bias, x, w)
+        else:
+            y = ops.gemm(x, self.qweight, self.scales, self.zeros, self.bias, self.locks, self.group_size)
+        return y.view(out_shape)

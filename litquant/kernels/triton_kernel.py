@@ -1,0 +1,528 @@
+"""The `triton` kernel: a fused dequantize-matmul for 2/4/8-bit GPTQ (with or without act_order) and AWQ weights.
+
+Layout (built once at load by `repack`, with vectorized torch on the target device)
+    K is cut into chunks of ROWS = 16 * V input rows, V = 32 // bits codes per int32 word (ROWS = 128 at 4 bits).
+    `qweight[c, n, w]` (int32 [C, N, 16]) is word w of chunk c of output column n; its field j (bits
+    [bits*j, bits*(j+1))) is the code of input row k = c*ROWS + 16*j + w. Hence:
+    - one chunk of a [BLOCK_N] column block is one contiguous block of BLOCK_N * 64 bytes (coalesced loads);
+    - field j of a [BLOCK_N, 16] word tile is the weight of 16 *consecutive* input rows: it multiplies 16
+      consecutive activations, by broadcast FMAs or by a tl.dot with K = 16, with no shuffle of unpacked values;
+    - a 16-row run lies inside one quantization group when 16 divides the group size, and when ROWS divides it
+      too, so does the whole chunk (`GROUP_PER_CHUNK`: scales are then loaded once per chunk).
+    act_order (GPTQ desc_act): rows are sorted by group (`perm`), which makes the groups contiguous again; the
+    kernels read activation column perm[k] for sorted row k (for large M, x is permuted once instead).
+    `scales` stay fp16 [G, N]; zero points become `zeros = -(1 + z / 2**bits)`, fp16 [G, N] and exact, and are
+    dropped for symmetric weights (z = 2**(bits-1) everywhere).
+
+Dequantization without int-to-float conversions
+    A field q shifted under the exponent of 1.0 (one shift, one AND/OR) is the fp32 value f = 1 + q / 2**bits,
+    exactly: the "magic number" conversion that FasterTransformer and Marlin use in fp16, here in fp32 so every
+    bit width fits. Then f + zeros = (q - z) / 2**bits exactly, and the weight is 2**bits * s * (f + zeros).
+
+Paths, picked per (device, dtype, N, K, M bucket) by timing the candidates once (`choose_config`)
+    gemv     one activation row per program, [BLOCK_N, 16] word tiles, fp32 FMAs on the CUDA cores, split-K over
+             chunks for occupancy: decode (M = 1..4), memory bound.
+    mma      tensor cores: out^T = W @ x^T for a [BLOCK_N, BLOCK_M] tile, per chunk one K = 16 dot per field, the
+             dequantized weights being the register operand; split-K when the tiles alone do not fill the GPU,
+             grouped tile order for L2 reuse at large M.
+    dequant  `_dequant_kernel` writes the whole weight in the activation dtype (one [BLOCK_N, ROWS] tile per
+             chunk), then cuBLAS: for large, compute-bound M.
+    Split-K partial sums go to an fp32 buffer [SPLIT_K, M, N]; a second small kernel adds them, adds the bias
+    and casts (deterministic, no atomics, no zero-filled workspace).
+    Measured slower on an H200 and not kept (benchmarks/results/2026-11-30-triton-*.log): in gemv, prefetching
+    the next chunk into registers with a shift-free decode (AND/OR, then FADD); in mma, one K = ROWS dot per chunk
+    on a [BLOCK_N, VALUES, 16] -> [BLOCK_N, ROWS] reshaped tile.
+"""
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.errors import OutOfResources
+
+from litquant.formats import QuantizedWeight
+from litquant.formats.common import default_g_idx
+from litquant.kernels.base import QuantLinear
+from litquant.kernels.ops import quant_linear_op
+
+# Triton decides at import (when `triton.jit` runs) whether kernels are compiled or interpreted on the CPU.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+SUPPORTED_BITS = (2, 4, 8)
+WORDS_PER_CHUNK = 16
+NO_GROUP = 1 << 30  # the group size the kernels see for group_size -1: every row is in group 0
+PERMUTE_X_ABOVE_M = 64  # act_order: above this many rows, permute x once rather than gather it in every tile
+
+
+def chunk_rows(bits: int) -> int:
+    """Input rows per chunk of the packed layout (128 at 4 bits)."""
+    return WORDS_PER_CHUNK * (32 // bits)
+
+
+@dataclass
+class PackedWeight:
+    """A `QuantizedWeight` in this kernel's layout (see the module docstring)."""
+
+    qweight: torch.Tensor  # int32 [C, N, 16]
+    scales: torch.Tensor  # float16 [G, N]
+    zeros: Optional[torch.Tensor]  # float16 [G, N], -(1 + z / 2**bits); None for symmetric weights
+    perm: Optional[torch.Tensor]  # int32 [K]: sorted row k is input channel perm[k]; None without act_order
+    bits: int
+    group_size: int
+
+
+def repack(qw: QuantizedWeight) -> PackedWeight:
+    """Repack `qw` (on any device) into the layout of the kernels, with vectorized torch on that device."""
+    bits, group_size = qw.bits, qw.group_size
+    if bits not in SUPPORTED_BITS:
+        raise ValueError(f"the triton kernel supports {'/'.join(map(str, SUPPORTED_BITS))}-bit weights, not {bits}-bit")
+    if group_size != -1 and (group_size <= 0 or group_size % WORDS_PER_CHUNK):
+        raise ValueError(f"the triton kernel needs group_size -1 or a multiple of {WORDS_PER_CHUNK}, got {group_size}")
+    k, n = qw.in_features, qw.out_features
+    codes, perm = qw.codes, None
+    if qw.act_order:
+        perm = torch.argsort(qw.g_idx, stable=True)
+        if not torch.equal(qw.g_idx[perm], default_g_idx(k, group_size, qw.g_idx.device)):
+            raise ValueError("g_idx is not a GPTQ act_order assignment (after sorting the rows by group, group i must "
+                             f"hold exactly rows [i*{group_size}, (i+1)*{group_size})); the triton kernel cannot "
+                             "serve it, the torch kernel can")
+        codes = codes[perm]
+        perm = perm.to(torch.int32)
+    values, rows = 32 // bits, chunk_rows(bits)
+    chunks = -(-k // rows)
+    padded = torch.zeros(chunks * rows, n, dtype=torch.uint8, device=codes.device)
+    padded[:k] = codes
+    fields = padded.view(chunks, values, WORDS_PER_CHUNK, n)  # [c, j, w, n] holds row c*rows + 16*j + w
+    words = torch.zeros(chunks, WORDS_PER_CHUNK, n, dtype=torch.int64, device=codes.device)
+    for j in range(values):  # one vectorized pass per field
+        words |= fields[:, j].to(torch.int64) << (bits * j)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # reinterpret as signed int32
+    zeros = None
+    if not qw.sym:
+        zeros = (-(1.0 + qw.zeros.to(torch.float32) / 2**bits)).to(torch.float16)
+    return PackedWeight(words.transpose(1, 2).contiguous(), qw.scales.to(torch.float16).contiguous(), zeros, perm,
+                        bits, group_size)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Triton kernels
+# ---------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _group_params(scales_ptr, zeros_ptr, first_row, group_size, offs_n, n_mask, N, K, HAS_ZEROS: tl.constexpr):
+    """Scale and `zeros` offset (fp32) of the group of sorted input row(s) `first_row`, for columns `offs_n`
+    (broadcast together: [BLOCK_N] for one row, [BLOCK_N, G] for rows [1, G] and columns [BLOCK_N, 1]).
+    Padding rows past K (whose activations are 0) take the last group, as theirs may not exist."""
+    group = tl.minimum(first_row, K - 1) // group_size
+    s = tl.load(scales_ptr + group * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    if HAS_ZEROS:
+        z = tl.load(zeros_ptr + group * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    else:
+        z = tl.full(s.shape, -1.5, tl.float32)  # symmetric: z = 2**(bits-1), so -(1 + z / 2**bits) = -1.5
+    return s, z
+
+
+@triton.jit
+def _activation_columns(perm_ptr, rows, K, HAS_PERM: tl.constexpr):
+    """Columns of x for sorted input rows `rows`, and the mask of rows that exist (< K)."""
+    mask = rows < K
+    if HAS_PERM:
+        rows = tl.load(perm_ptr + rows, mask=mask, other=0)
+    return rows, mask
+
+
+@triton.jit
+def _chunk_scales(scales_ptr, zeros_ptr, c, group_size, offs_n, n_mask, N, K, BITS: tl.constexpr,
+                  HAS_ZEROS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, WORDS: tl.constexpr):
+    """2**BITS * scale, and its product with `zeros`, as [BLOCK_N, G, 1] for the G groups of chunk c: one group
+    when the chunk lies in one, else one per field (16-row run)."""
+    VALUES: tl.constexpr = 32 // BITS
+    if GROUP_PER_CHUNK:
+        s, z = _group_params(scales_ptr, zeros_ptr, c * VALUES * WORDS, group_size, offs_n, n_mask, N, K, HAS_ZEROS)
+        s, z = s[:, None], z[:, None]
+    else:
+        runs = c * VALUES * WORDS + tl.arange(0, VALUES) * WORDS
+        s, z = _group_params(scales_ptr, zeros_ptr, runs[None, :], group_size, offs_n[:, None], n_mask[:, None], N,
+                             K, HAS_ZEROS)
+    s = s * (1 << BITS)
+    return s[:, :, None], (s * z)[:, :, None]
+
+
+@triton.jit
+def _chunk_weights(words, s, sz, BITS: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
+    """The fp32 weights s * (q - z) [BLOCK_N, ROWS] of one chunk: column 16*j + w from field j of word w.
+
+    Each field is shifted under the exponent of 1.0, f = 1 + q / 2**BITS exactly, and s * f + sz is the weight
+    (s and sz from `_chunk_scales`). The fields are unpacked as [BLOCK_N, VALUES, WORDS], whose row-major
+    reshape is the chunk's row order."""
+    VALUES: tl.constexpr = 32 // BITS
+    shifts = tl.arange(0, VALUES) * BITS
+    mantissa = ((words[:, None, :] >> shifts[None, :, None]) << (23 - BITS)) & (((1 << BITS) - 1) << (23 - BITS))
+    f = (mantissa | 0x3F800000).to(tl.float32, bitcast=True)
+    return tl.reshape(f * s + sz, (BLOCK_N, VALUES * WORDS))
+
+
+@triton.jit
+def _field_as_float(words, j: tl.constexpr, BITS: tl.constexpr):
+    """Field j of each int32 word as the fp32 value 1 + q / 2**BITS (shift it under the exponent of 1.0)."""
+    if 23 - BITS - BITS * j >= 0:
+        moved = words << (23 - BITS - BITS * j)
+    else:
+        moved = words >> (BITS * j + BITS - 23)
+    mantissa = moved & (((1 << BITS) - 1) << (23 - BITS))
+    return (mantissa | 0x3F800000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr,
+                 N, K, group_size, stride_xm, stride_om, stride_split,
+                 BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                 HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FINAL: tl.constexpr,
+                 BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
+    """out[row, n] (or split partial) for one activation row, BLOCK_N columns and one split of the chunks.
+
+    The accumulator stays [BLOCK_N, WORDS] (no reduction in the loop). With one group per chunk, the fields of a
+    word share their scale: sum_j x_j * f_j is scaled once per word, and the zero-point term, s * z * sum(x),
+    once per chunk and column.
+    """
+    VALUES: tl.constexpr = 32 // BITS
+    ROWS: tl.constexpr = VALUES * WORDS
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    row = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_w = tl.arange(0, WORDS)
+    num_chunks = tl.cdiv(K, ROWS)
+    per_split = tl.cdiv(num_chunks, tl.num_programs(1))
+    first = pid_k * per_split
+    last = tl.minimum(first + per_split, num_chunks)
+    x_row = x_ptr + row * stride_xm
+    tile = qweight_ptr + offs_n[:, None] * WORDS + offs_w[None, :]
+    acc = tl.zeros([BLOCK_N, WORDS], tl.float32)
+    zero_term = tl.zeros([BLOCK_N], tl.float32)
+    for c in range(first, last):
+        words = tl.load(tile + c * N * WORDS, mask=n_mask[:, None], other=0)
+        if GROUP_PER_CHUNK:
+            s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS, group_size, offs_n, n_mask, N, K, HAS_ZEROS)
+            partial = tl.zeros([BLOCK_N, WORDS], tl.float32)
+            x_sum = tl.zeros([WORDS], tl.float32)
+            for j in tl.static_range(VALUES):
+                cols, k_mask = _activation_columns(perm_ptr, c * ROWS + j * WORDS + offs_w, K, HAS_PERM)
+                xj = tl.load(x_row + cols, mask=k_mask, other=0.0).to(tl.float32)
+                partial += xj[None, :] * _field_as_float(words, j, BITS)
+                x_sum += xj
+            acc += s[:, None] * partial
+            zero_term += s * z * tl.sum(x_sum, 0)
+        else:
+            for j in tl.static_range(VALUES):
+                s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS + j * WORDS, group_size, offs_n, n_mask, N, K,
+                                     HAS_ZEROS)
+                cols, k_mask = _activation_columns(perm_ptr, c * ROWS + j * WORDS + offs_w, K, HAS_PERM)
+                xj = tl.load(x_row + cols, mask=k_mask, other=0.0).to(tl.float32)
+                acc += (s[:, None] * xj[None, :]) * _field_as_float(words, j, BITS)
+                zero_term += s * z * tl.sum(xj, 0)
+    total = (tl.sum(acc, 1) + zero_term) * (1 << BITS)
+    if FINAL:
+        if HAS_BIAS:
+            total += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * stride_om + offs_n, total.to(out_ptr.dtype.element_ty), mask=n_mask)
+    else:
+        tl.store(out_ptr + pid_k * stride_split + row * stride_om + offs_n, total, mask=n_mask)
+
+
+@triton.jit
+def _mma_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr,
+                M, N, K, group_size, stride_xm, stride_om, stride_split,
+                BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FINAL: tl.constexpr,
+                DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, WORDS: tl.constexpr):
+    """A [BLOCK_M, BLOCK_N] output tile (or split partial) on tensor cores, computed transposed as
+    acc[BLOCK_N, BLOCK_M] += W_j[BLOCK_N, 16] @ x_j^T[16, BLOCK_M], one dot per field j of each chunk."""
+    VALUES: tl.constexpr = 32 // BITS
+    ROWS: tl.constexpr = VALUES * WORDS
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    # Grouped tile order: GROUP_M row blocks sweep the column blocks together, so the weight tiles they share are
+    # read from DRAM about once per group (the swizzle of the Triton matmul tutorial).
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    offs_w = tl.arange(0, WORDS)
+    num_chunks = tl.cdiv(K, ROWS)
+    per_split = tl.cdiv(num_chunks, tl.num_programs(1))
+    first = pid_k * per_split
+    last = tl.minimum(first + per_split, num_chunks)
+    tile = qweight_ptr + offs_n[:, None] * WORDS + offs_w[None, :]
+    x_rows = x_ptr + offs_m[None, :] * stride_xm
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    for c in range(first, last):
+        words = tl.load(tile + c * N * WORDS, mask=n_mask[:, None], other=0)
+        if GROUP_PER_CHUNK:
+            s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS, group_size, offs_n, n_mask, N, K, HAS_ZEROS)
+            s = s * (1 << BITS)
+            sz = s * z
+        for j in tl.static_range(VALUES):
+            if not GROUP_PER_CHUNK:
+                s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS + j * WORDS, group_size, offs_n, n_mask, N, K,
+                                     HAS_ZEROS)
+                s = s * (1 << BITS)
+                sz = s * z
+            cols, k_mask = _activation_columns(perm_ptr, c * ROWS + j * WORDS + offs_w, K, HAS_PERM)
+            xt = tl.load(x_rows + cols[:, None], mask=k_mask[:, None] & m_mask[None, :], other=0.0)
+            w = _field_as_float(words, j, BITS) * s[:, None] + sz[:, None]  # the weight, s * (q - z)
+            acc = tl.dot(w.to(DOT_DTYPE), xt.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
+    out_mask = n_mask[:, None] & m_mask[None, :]
+    if FINAL:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None], acc.to(out_ptr.dtype.element_ty),
+                 mask=out_mask)
+    else:
+        tl.store(out_ptr + pid_k * stride_split + offs_m[None, :] * stride_om + offs_n[:, None], acc, mask=out_mask)
+
+
+@triton.jit
+def _dequant_kernel(qweight_ptr, scales_ptr, zeros_ptr, w_ptr, N, K, group_size,
+                    BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                    BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
+    """Write W[n, k] = s * (q - z) in w_ptr's dtype (sorted row order) for BLOCK_N columns of one chunk."""
+    ROWS: tl.constexpr = (32 // BITS) * WORDS
+    pid_n = tl.program_id(0)
+    c = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    words = tl.load(qweight_ptr + c * N * WORDS + offs_n[:, None] * WORDS + tl.arange(0, WORDS)[None, :],
+                    mask=n_mask[:, None], other=0)
+    s, sz = _chunk_scales(scales_ptr, zeros_ptr, c, group_size, offs_n, n_mask, N, K, BITS, HAS_ZEROS,
+                          GROUP_PER_CHUNK, WORDS)
+    w = _chunk_weights(words, s, sz, BITS, BLOCK_N, WORDS)
+    k = c * ROWS + tl.arange(0, ROWS)
+    tl.store(w_ptr + offs_n.to(tl.int64)[:, None] * K + k[None, :], w.to(w_ptr.dtype.element_ty),
+             mask=n_mask[:, None] & (k < K)[None, :])
+
+
+@triton.jit
+def _sum_splits_kernel(partials_ptr, bias_ptr, out_ptr, numel, N, split_k,
+                       HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """out = sum over splits of partials [split_k, M, N] (+ bias), cast to out's dtype."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    total = tl.zeros([BLOCK], tl.float32)
+    for s in range(split_k):
+        total += tl.load(partials_ptr + s * numel + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        total += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Launch, configs and tuning
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KernelConfig:
+    """One way to run the matmul: the path and its tile sizes."""
+
+    path: str  # "gemv", "mma" or "dequant"
+    block_n: int = 128
+    block_m: int = 16
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+GEMV_MAX_M = 4
+DEQUANT_MIN_M = 256
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+_TUNED: Dict[tuple, KernelConfig] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def m_bucket(m: int) -> int:
+    """The power of two >= m: configs are tuned per bucket, so decode never re-tunes for a new M."""
+    return 1 << max(0, (m - 1).bit_length())
+
+
+def candidate_configs(m: int, n: int, k: int, bits: int, device: torch.device) -> List[KernelConfig]:
+    """The configs worth timing for an [m, k] x [k, n] product, the untuned default first."""
+    sms, chunks = _sm_count(device), -(-k // chunk_rows(bits))
+
+    def splits(tiles: int) -> Tuple[int, ...]:
+        """Split-K factors that bring tiles * split to about 2 and 4 programs per SM (powers of two)."""
+        want = -(-2 * sms // tiles)
+        split = min(1 << (want - 1).bit_length(), chunks)
+        return tuple(sorted({split, min(2 * split, chunks)}))
+
+    configs = []
+    if m <= GEMV_MAX_M:
+        for block_n, warps in ((128, 4), (256, 4), (256, 8), (64, 4)):
+            configs += [KernelConfig("gemv", block_n=block_n, split_k=s, num_warps=warps)
+                        for s in splits(-(-n // block_n) * m)]
+    block_m = min(max(16, m_bucket(m)), 128)
+    if m <= 64:
+        for block_n in (128, 64):
+            configs += [KernelConfig("mma", block_n=block_n, block_m=block_m, split_k=s)
+                        for s in splits(-(-n // block_n) * -(-m // block_m))]
+    else:
+        for block_m, block_n, warps, stages in ((block_m, 128, 4, 3), (128, 128, 8, 3), (64, 128, 4, 3),
+                                                (128, 256, 8, 3), (128, 128, 4, 4)):
+            tiles = -(-n // block_n) * -(-m // block_m)
+            split = 1 if tiles >= sms else splits(tiles)[0]
+            configs.append(KernelConfig("mma", block_n=block_n, block_m=block_m, split_k=split, num_warps=warps,
+                                        num_stages=stages))
+    if m >= DEQUANT_MIN_M:
+        configs.append(KernelConfig("dequant"))
+    return list(dict.fromkeys(configs))
+
+
+def tuned_configs() -> Dict[tuple, KernelConfig]:
+    """The configs chosen so far, keyed by (device, dtype, M bucket, N, K, bits, group_size, zeros?, act_order?)."""
+    return dict(_TUNED)
+
+
+def choose_config(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
+                  perm: Optional[torch.Tensor], bias: Optional[torch.Tensor], bits: int, group_size: int,
+                  out: torch.Tensor) -> KernelConfig:
+    """The fastest config for this call's (N, K, M bucket), timed once per process on the real tensors.
+
+    Without timing (the interpreter, inside a CUDA-graph capture) the default candidate runs, and is not cached.
+    """
+    m, k = x.shape
+    n = qweight.shape[1]
+    key = (x.device, x.dtype, m_bucket(m), n, k, bits, group_size, zeros is not None, perm is not None)
+    if key in _TUNED:
+        return _TUNED[key]
+    candidates = candidate_configs(m, n, k, bits, x.device)
+    if INTERPRET or x.device.type != "cuda" or torch.cuda.is_current_stream_capturing() or len(candidates) == 1:
+        return candidates[0]
+    times = {}
+    for config in candidates:
+        try:
+            times[config] = triton.testing.do_bench(
+                lambda: launch(config, x, qweight, scales, zeros, perm, bias, bits, group_size, out),
+                warmup=5, rep=20, return_mode="median")
+        except (OutOfResources, triton.CompilationError) as e:  # a tile too large for this GPU: skip it
+            warnings.warn(f"triton kernel: skipping {config} for M={m} N={n} K={k}: {type(e).__name__}: {e}")
+    if not times:
+        raise RuntimeError(f"triton kernel: no candidate config runs for M={m} N={n} K={k} on {x.device}")
+    _TUNED[key] = min(times, key=times.get)
+    return _TUNED[key]
+
+
+def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+           zeros: Optional[torch.Tensor], perm: Optional[torch.Tensor], bias: Optional[torch.Tensor], bits: int,
+           group_size: int, out: torch.Tensor) -> None:
+    """Write x @ W^T (+ bias) into `out` [M, N] with `config`. x is [M, K] with unit stride along K."""
+    m, k = x.shape
+    n = qweight.shape[1]
+    group = NO_GROUP if group_size == -1 else group_size
+    flags = dict(BITS=bits, HAS_ZEROS=zeros is not None, GROUP_PER_CHUNK=group % chunk_rows(bits) == 0,
+                 WORDS=WORDS_PER_CHUNK)
+    if config.path == "dequant":
+        weight = torch.empty(n, k, dtype=x.dtype, device=x.device)
+        _dequant_kernel[(triton.cdiv(n, 64), triton.cdiv(k, chunk_rows(bits)))](
+            qweight, scales, zeros, weight, n, k, group, BLOCK_N=64, **flags)
+        if perm is not None:
+            x = x.index_select(1, perm)
+        torch.mm(x, weight.t(), out=out)
+        if bias is not None:
+            out += bias
+        return
+    if perm is not None and m > PERMUTE_X_ABOVE_M:
+        x, perm = x.index_select(1, perm), None
+    final = config.split_k == 1
+    target = out if final else torch.empty(config.split_k, m, n, dtype=torch.float32, device=x.device)
+    args = (x, qweight, scales, zeros, perm, bias, target)
+    flags.update(HAS_PERM=perm is not None, HAS_BIAS=bias is not None, FINAL=final, BLOCK_N=config.block_n,
+                 num_warps=config.num_warps, num_stages=config.num_stages)
+    if config.path == "gemv":
+        _gemv_kernel[(triton.cdiv(n, config.block_n), config.split_k, m)](
+            *args, n, k, group, x.stride(0), n, m * n, **flags)
+    else:
+        # The interpreter computes bf16 tl.dot wrongly (triton 3.9); it gets the same values widened to fp32.
+        dot_dtype = tl.float32 if INTERPRET else _TL_DTYPES[x.dtype]
+        tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
+        _mma_kernel[(tiles, config.split_k)](
+            *args, m, n, k, group, x.stride(0), n, m * n, DOT_DTYPE=dot_dtype,
+            DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32", BLOCK_M=config.block_m, GROUP_M=8, **flags)
+    if not final:
+        _sum_splits_kernel[(triton.cdiv(m * n, 1024),)](target, bias, out, m * n, n, config.split_k,
+                                                        HAS_BIAS=bias is not None, BLOCK=1024)
+
+
+def quant_matmul(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Tensor] = None,
+                 out: Optional[torch.Tensor] = None, config: Optional[KernelConfig] = None) -> torch.Tensor:
+    """x [M, K] @ W^T (+ bias) -> [M, N] in x's dtype, written into `out` if given, with `config` or the tuned one."""
+    m, k = x.shape
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    n = weight.qweight.shape[1]
+    if out is None:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if out.shape != (m, n) or not out.is_contiguous() or out.dtype != x.dtype:
+        raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape [{m}, {n}], got {out.dtype} "
+                         f"{list(out.shape)}")
+    if m == 0:
+        return out
+    tensors = (x, weight.qweight, weight.scales, weight.zeros, weight.perm, bias)
+    if config is None:
+        config = choose_config(*tensors, weight.bits, weight.group_size, out)
+    launch(config, *tensors, weight.bits, weight.group_size, out)
+    return out
+
+
+@quant_linear_op("litquant::triton_quant_linear")
+def triton_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
+                        perm: Optional[torch.Tensor], bias: Optional[torch.Tensor], bits: int, group_size: int,
+                        out_features: int) -> torch.Tensor:
+    """The custom op behind `TritonQuantLinear.forward`: x [..., K] -> [..., out_features]."""
+    out = torch.empty(*x.shape[:-1], out_features, dtype=x.dtype, device=x.device)
+    weight = PackedWeight(qweight, scales, zeros, perm, bits, group_size)
+    quant_matmul(x.reshape(-1, x.shape[-1]), weight, bias, out.view(-1, out_features))
+    return out
+
+
+class TritonQuantLinear(QuantLinear):
+    name = "triton"
+    bits = SUPPORTED_BITS
+    group_sizes = (32, 64, 128, 256, -1)
+    dtypes = (torch.float16, torch.bfloat16, torch.float32)
+    devices = ("cuda", "cpu") if INTERPRET else ("cuda",)
+    auto_devices = ("cuda",)  # the interpreter is for tests, never a choice for `auto`
+    min_capability = (8, 0)
+    description = "fused dequant-matmul in Triton: gemv / split-K / tensor cores / dequant+cuBLAS, autotuned per M"
+
+    @classmethod
+    def unavailable(cls) -> Optional[str]:
+        if INTERPRET or torch.cuda.is_available():
+            return None
+        return "needs a CUDA GPU (or TRITON_INTERPRET=1 set before import, to run it slowly on the CPU)"
+
+    def load_quantized(self, qw: QuantizedWeight) -> None:
+        if (qw.bits, qw.group_size, qw.in_features, qw.out_features) != (
+                self.spec.bits, self.spec.group_size, self.in_features, self.out_features):
+            raise ValueError(f"weight is {qw.bits}-bit g{qw.group_size} {qw.in_features}x{qw.out_features}, the "
+                             f"layer expects {self.spec.bits}-bit g{self.spec.group_size} "
+                             f"{self.in_features}x{self.out_features}")
+        packed = repack(qw)
+        for name in ("qweight", "scales", "zeros", "perm"):
+            self.register_buffer(name, getattr(packed, name))
+        self.set_bias(qw.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return triton_quant_linear(x, self.qweight, self.scales, self.zeros, self.perm, self.bias, self.spec.bits,
+                                   self.spec.group_size, self.out_features)

@@ -1,0 +1,68 @@
+"""The CUDA build helper: its cache key, and its errors where nothing can be compiled (CPU only)."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from litquant.kernels import build
+
+
+@pytest.fixture
+def fake_csrc(tmp_path, monkeypatch) -> Path:
+    csrc = tmp_path / "csrc"
+    (csrc / "demo").mkdir(parents=True)
+    (csrc / "demo" / "demo.cu").write_text("// device code\n")
+    (csrc / "demo" / "binding.cpp").write_text("// binding\n")
+    (csrc / "demo" / "notes.txt").write_text("not a source\n")
+    monkeypatch.setattr(build, "CSRC", csrc)
+    monkeypatch.setenv("LITQUANT_CACHE", str(tmp_path / "cache"))
+    return csrc
+
+
+def test_cache_key_follows_sources_and_gpu_generation(fake_csrc, tmp_path):
+    sm90 = build.build_directory("demo", (9, 0))
+    assert sm90.parent == tmp_path / "cache" / "build"
+    assert sm90.name.startswith("demo-") and sm90.name.endswith("-sm90")
+    assert build.build_directory("demo", (8, 0)).name == sm90.name.replace("-sm90", "-sm80")
+    assert build.build_directory("demo", (9, 0)) == sm90  # stable
+    (fake_csrc / "demo" / "notes.txt").write_text("changed, but not a source\n")
+    assert build.build_directory("demo", (9, 0)) == sm90
+    (fake_csrc / "demo" / "demo.cu").write_text("// device code, edited\n")
+    assert build.build_directory("demo", (9, 0)) != sm90
+
+
+def test_cache_defaults_to_home(monkeypatch):
+    monkeypatch.delenv("LITQUANT_CACHE", raising=False)
+    assert build.cache_root() == Path.home() / ".cache" / "litquant" / "build"
+
+
+def test_sources_are_found():
+    assert "marlin" in build.cuda_kernels()
+    names = [f.name for f in build.source_files("marlin")]
+    assert "marlin.cu" in names and "binding.cpp" in names
+    with pytest.raises(build.BuildError, match="no CUDA sources"):
+        build.source_files("no_such_kernel")
+
+
+def test_no_gpu_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(build.BuildError) as e:
+        build.load("marlin")
+    message = str(e.value)
+    assert "'marlin'" in message and "Kernels that need no compiler: torch, triton" in message
+    assert "no CUDA" in message
+
+
+def test_no_compiler_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(build, "find_nvcc", lambda: None)
+    with pytest.raises(build.BuildError, match="no CUDA compiler \\(nvcc\\).*torch, triton"):
+        build.load("marlin")
+
+
+def test_marlin_reports_itself_unavailable_without_a_compiler(monkeypatch):
+    from litquant.kernels.marlin import MarlinQuantLinear
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert "torch, triton" in MarlinQuantLinear.unavailable()

@@ -1,0 +1,235 @@
+"""The `triton` kernel against the torch reference kernel and exact float64 math.
+
+On the CPU the kernels run in Triton's interpreter: TRITON_INTERPRET=1 must be set before the kernel module is
+imported (Triton reads it when the kernels are decorated), so this module sets it first. The GPU tests (marked
+`gpu`) run the compiled kernels at real Llama-2 shapes.
+"""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+from litquant.formats import QuantizedWeight  # noqa: E402
+from litquant.formats.common import default_g_idx  # noqa: E402
+from litquant.kernels import AUTO_ORDER, KernelNotSupported, select_kernel  # noqa: E402
+from litquant.kernels import triton_kernel as tk  # noqa: E402
+from litquant.kernels.base import LayerSpec  # noqa: E402
+from litquant.kernels.torch_dequant import TorchQuantLinear  # noqa: E402
+
+if not torch.cuda.is_available() and not (tk.INTERPRET and isinstance(tl.sum, InterpretedFunction)):
+    pytest.fail("triton was imported before TRITON_INTERPRET=1 was set, so its kernels cannot run on this CPU-only "
+                "machine: set it before anything imports triton (tests/conftest.py does)", pytrace=False)
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+TOLERANCE = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}  # about 2x the unit roundoff
+# Tiles wider than N = 45 (masked edges); M = 17 spans two row tiles, and gemv splits K (partial sums).
+PATHS = {
+    "gemv": tk.KernelConfig("gemv", block_n=64, split_k=2),
+    "mma": tk.KernelConfig("mma", block_n=64, block_m=16),
+    "dequant": tk.KernelConfig("dequant"),
+}
+
+
+def random_quantized(k: int, n: int, bits: int, group_size: int, act_order: bool, zero_point: bool,
+                     seed: int = 0, device: torch.device = DEVICE) -> QuantizedWeight:
+    """Random codes over the full range, random fp16 scales, random or symmetric zeros, and a GPTQ act_order
+    g_idx (group i holds the rows at positions [i*g, (i+1)*g) of a random permutation) when asked."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    groups = 1 if group_size == -1 else -(-k // group_size)
+    codes = torch.randint(0, 2**bits, (k, n), generator=gen, device=device, dtype=torch.uint8)
+    scales = (torch.rand(groups, n, generator=gen, device=device) * 0.02 + 0.005).to(torch.float16)
+    if zero_point:
+        zeros = torch.randint(0, 2**bits, (groups, n), generator=gen, device=device, dtype=torch.uint8)
+    else:
+        zeros = torch.full((groups, n), 2 ** (bits - 1), device=device, dtype=torch.uint8)
+    g_idx = default_g_idx(k, group_size, device)
+    if act_order:
+        order = torch.randperm(k, generator=gen, device=device)
+        g_idx = torch.empty_like(g_idx)
+        g_idx[order] = default_g_idx(k, group_size, device)
+    return QuantizedWeight(codes, scales, zeros, g_idx, bits, group_size)
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def check_against_references(qw: QuantizedWeight, config: tk.KernelConfig, dtype: torch.dtype, ms) -> None:
+    """`quant_matmul` with `config` into NaN-poisoned outputs, against float64 math and the torch kernel."""
+    packed = tk.repack(qw)
+    spec = LayerSpec(qw.in_features, qw.out_features, qw.bits, qw.group_size, qw.sym, qw.act_order)
+    reference = TorchQuantLinear(qw.in_features, qw.out_features, False, spec, dtype)
+    reference.load_quantized(qw)
+    exact_weight = qw.dequantize(torch.float64)
+    for m in ms:
+        x = torch.randn(m, qw.in_features, device=qw.codes.device).to(dtype)
+        out = torch.full((m, qw.out_features), float("nan"), dtype=dtype, device=x.device)
+        tk.quant_matmul(x, packed, out=out, config=config)
+        assert torch.isfinite(out).all(), f"M={m}: unwritten (NaN) outputs"
+        exact = x.double() @ exact_weight.t()
+        assert relative_error(out, exact) <= TOLERANCE[dtype], f"M={m}: {relative_error(out, exact):.2e}"
+        assert relative_error(out, reference(x)) <= 1.5 * TOLERANCE[dtype]
+
+
+CASES = {  # name: (group_size, act_order, zero_point, in_features)
+    "g32-act-zp": (32, True, True, 224),  # groups smaller than a 128-row chunk; K not a multiple of it
+    "g64-zp": (64, False, True, 320),
+    "g128-act-sym": (128, True, False, 256),
+    "g128-sym": (128, False, False, 256),
+    "gall-zp": (-1, False, True, 200),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("case", CASES)
+def test_4bit_matches_reference(case, dtype, path):
+    group_size, act_order, zero_point, k = CASES[case]
+    qw = random_quantized(k, 45, 4, group_size, act_order, zero_point)  # N = 45: odd, masked column tiles
+    check_against_references(qw, PATHS[path], dtype, ms=(1, 3) if path == "gemv" else (1, 3, 17))
+
+
+@pytest.mark.parametrize("bits", [2, 8])
+@pytest.mark.parametrize("case", ["g32-act-zp", "g128-sym"])
+def test_2_and_8_bit_match_reference(bits, case):
+    group_size, act_order, zero_point, k = CASES[case]
+    qw = random_quantized(k, 40, bits, group_size, act_order, zero_point, seed=bits)
+    # split_k 3 over 1-2 chunks: some splits get no chunk and must add zeros
+    for config in (tk.KernelConfig("gemv", block_n=64), tk.KernelConfig("mma", block_n=32, split_k=3)):
+        check_against_references(qw, config, torch.bfloat16, ms=(1, 5))
+
+
+def test_packed_layout():
+    """Field j of word (c, n, w) holds the code of sorted input row c*ROWS + 16*j + w (the layout contract)."""
+    qw = random_quantized(256, 8, 4, 128, act_order=True, zero_point=True)
+    packed = tk.repack(qw)
+    assert packed.qweight.shape == (2, 8, 16) and packed.qweight.dtype == torch.int32
+    shifts = torch.arange(8, device=DEVICE) * 4
+    fields = (packed.qweight.unsqueeze(-1).long() >> shifts) & 15  # [c, n, w, j]
+    rows = fields.permute(0, 3, 2, 1).reshape(256, 8)  # row c*128 + 16*j + w
+    assert torch.equal(rows.to(torch.uint8), qw.codes[packed.perm.long()])
+    assert torch.equal(packed.zeros, (-(1 + qw.zeros.float() / 16)).half())
+    assert tk.repack(random_quantized(256, 8, 4, 128, act_order=False, zero_point=False)).zeros is None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_module_matches_torch_kernel(dtype):
+    """The registered module, picked through the registry, on [batch, seq, K] inputs with a bias, default configs."""
+    qw = random_quantized(256, 48, 4, 64, act_order=True, zero_point=True)
+    qw.bias = torch.randn(48, device=DEVICE)
+    spec = LayerSpec(256, 48, 4, 64, qw.sym, qw.act_order)
+    cls = select_kernel("triton", [("layer", spec)], DEVICE, dtype)
+    module = cls(256, 48, True, spec, dtype)
+    module.load_quantized(qw)
+    reference = TorchQuantLinear(256, 48, True, spec, dtype)
+    reference.load_quantized(qw)
+    for shape in ((1, 1, 256), (2, 3, 256)):
+        x = torch.randn(shape, device=DEVICE).to(dtype)
+        out = module(x)
+        assert out.shape == (*shape[:-1], 48) and out.dtype == dtype
+        assert relative_error(out, reference(x)) <= 1.5 * TOLERANCE[dtype]
+
+
+def test_auto_prefers_triton_on_gpus_only():
+    assert AUTO_ORDER.index("triton") < AUTO_ORDER.index("torch")
+    spec = LayerSpec(256, 48, 4, 128, True, False)
+    # the interpreter runs triton on the CPU for tests, but `auto` never picks it there
+    expected = tk.TritonQuantLinear if DEVICE.type == "cuda" else TorchQuantLinear
+    assert select_kernel("auto", [("layer", spec)], DEVICE, torch.bfloat16) is expected
+
+
+def test_unsupported_layers_are_refused_with_reasons():
+    cls = tk.TritonQuantLinear
+    assert cls.unsupported(LayerSpec(256, 48, 3, 128, True, False), DEVICE, torch.float16) == (
+        "supports 2/4/8-bit, not 3-bit")
+    assert cls.unsupported(LayerSpec(256, 48, 4, 48, True, False), DEVICE, torch.float16) == (
+        "supports group_size 32/64/128/256/-1, not 48")
+    with pytest.raises(KernelNotSupported, match="kernel 'triton' cannot run .* not 3-bit. Kernels that can: torch"):
+        select_kernel("triton", [("h.0.attn.qkv", LayerSpec(256, 48, 3, 128, True, False))], DEVICE, torch.float16)
+
+
+def test_bad_weights_raise_clear_errors():
+    qw = random_quantized(256, 48, 4, 64, act_order=False, zero_point=True)
+    qw.g_idx = torch.arange(256, device=DEVICE, dtype=torch.int32) % 3  # 3 interleaved groups of 85-86 rows
+    with pytest.raises(ValueError, match="g_idx is not a GPTQ act_order assignment"):
+        tk.repack(qw)
+    module = tk.TritonQuantLinear(256, 48, False, LayerSpec(256, 48, 4, 128, False, False), torch.float16)
+    with pytest.raises(ValueError, match="weight is 4-bit g64 256x48, the layer expects 4-bit g128 256x48"):
+        module.load_quantized(random_quantized(256, 48, 4, 64, act_order=False, zero_point=True))
+    packed = tk.repack(random_quantized(256, 48, 4, 64, act_order=False, zero_point=True))
+    x = torch.randn(2, 256, device=DEVICE, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"out must be a contiguous torch.float16 tensor of shape \[2, 48\]"):
+        tk.quant_matmul(x, packed, out=torch.empty(2, 47, device=DEVICE, dtype=torch.float16))
+
+
+def test_unavailable_without_gpu_or_interpreter(monkeypatch):
+    monkeypatch.setattr(tk, "INTERPRET", False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert tk.TritonQuantLinear.unavailable() == (
+        "needs a CUDA GPU (or TRITON_INTERPRET=1 set before import, to run it slowly on the CPU)")
+
+
+def test_candidate_configs_per_m_bucket():
+    assert [tk.m_bucket(m) for m in (1, 2, 3, 17, 4096, 5000)] == [1, 2, 4, 32, 4096, 8192]
+    cpu = torch.device("cpu")
+    assert tk.candidate_configs(1, 4096, 4096, 4, cpu)[0].path == "gemv"
+    assert {c.path for c in tk.candidate_configs(16, 4096, 4096, 4, cpu)} == {"mma"}
+    assert {c.path for c in tk.candidate_configs(1024, 4096, 4096, 4, cpu)} == {"mma", "dequant"}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPU: real Llama-2 shapes, every path, and the autotuned choice
+# ---------------------------------------------------------------------------------------------------------------
+GPU_PATHS = {
+    "gemv": (tk.KernelConfig("gemv", block_n=128, split_k=4), (1, 3)),
+    "mma-small": (tk.KernelConfig("mma", block_n=128, block_m=16, split_k=4), (1, 16)),
+    "mma-large": (tk.KernelConfig("mma", block_n=128, block_m=128, num_warps=8, num_stages=3), (333, 4096)),
+    "dequant": (tk.KernelConfig("dequant"), (333, 4096)),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", GPU_PATHS)
+@pytest.mark.parametrize("shape", [(4096, 12288), (4096, 11008), (8192, 28672)], ids=["7B-qkv", "7B-up", "70B-up"])
+def test_real_shapes_gpu(shape, path):
+    k, n = shape
+    config, ms = GPU_PATHS[path]
+    qw = random_quantized(k, n, 4, 128, act_order=path == "gemv", zero_point=True, device=torch.device("cuda"))
+    packed = tk.repack(qw)
+    weight = qw.dequantize(torch.float32)
+    for dtype in (torch.bfloat16, torch.float16):
+        for m in ms:
+            x = torch.randn(m, k, device="cuda").to(dtype)
+            out = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+            tk.quant_matmul(x, packed, out=out, config=config)
+            assert torch.isfinite(out).all()
+            assert relative_error(out, x.float() @ weight.t()) <= TOLERANCE[dtype], f"{dtype} M={m}"
+
+
+@pytest.mark.gpu
+def test_autotuned_module_gpu():
+    """The module with its tuned configs, M from 1 to 4096, and inside a CUDA graph."""
+    qw = random_quantized(4096, 12288, 4, 128, act_order=True, zero_point=False, device=torch.device("cuda"))
+    spec = LayerSpec(4096, 12288, 4, 128, qw.sym, qw.act_order)
+    module = tk.TritonQuantLinear(4096, 12288, False, spec, torch.bfloat16)
+    module.load_quantized(qw)
+    weight = qw.dequantize(torch.float32)
+    for m in (1, 4, 64, 512, 4096):
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        assert relative_error(module(x), x.float() @ weight.t()) <= TOLERANCE[torch.bfloat16], f"M={m}"
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    module(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = module(x)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.testing.assert_close(out, module(x))
