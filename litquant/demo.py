@@ -83,7 +83,7 @@ def demo(
                 ppl = f"{compute_perplexity(model, tokens, window=window, max_windows=max_windows)[0]:.3f}"
         answer = tokenizer.decode(y).strip().replace("\n", " ")
         disk = sum(f.stat().st_size for f in Path(path).glob("lit_model.*"))
-        rows.append([f"{label} ({loaded.quantization})" if label != loaded.quantization else label,
+        rows.append([label if label == loaded.quantization else f"{label} ({loaded.kernel or loaded.quantization})",
                      f"{disk / 2**20:.1f} MiB" if "quantize" not in kwargs else "-",
                      f"{model_bytes(model) / 2**20:.1f} MiB", f"{y.size(0) / seconds:.1f}", ppl, answer[:80]])
         del loaded, model

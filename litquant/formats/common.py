@@ -87,12 +87,12 @@ def unpack_along_rows(words: torch.Tensor, bits: int, rows: Optional[int] = None
     """Inverse of `pack_along_rows`: int32 [R * bits / 32, C] -> uint8 [rows, C] (rows <= R)."""
     nwords, cols = words.shape
     total = nwords * 32 // bits
-    w = words.to(torch.int64) & 0xFFFFFFFF
-    if 32 % bits == 0:  # fast path: whole codes per word
+    if 32 % bits == 0:  # fast path: whole codes per word; int32 shifts (the sign fill is masked away)
         per = 32 // bits
-        shifts = torch.arange(per, device=words.device) * bits
-        codes = ((w.unsqueeze(1) >> shifts.view(1, per, 1)) & ((1 << bits) - 1)).reshape(total, cols)
+        shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=words.device)
+        codes = ((words.unsqueeze(1) >> shifts.view(1, per, 1)) & ((1 << bits) - 1)).reshape(total, cols)
     else:  # general path through the bit stream (3-bit)
+        w = words.to(torch.int64) & 0xFFFFFFFF
         stream = ((w.unsqueeze(1) >> torch.arange(32, device=words.device).view(1, 32, 1)) & 1)
         stream = stream.reshape(total, bits, cols)
         codes = (stream << torch.arange(bits, device=words.device).view(1, bits, 1)).sum(1)
