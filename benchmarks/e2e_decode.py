@@ -75,7 +75,11 @@ def decode_tokens_per_second(model: GPT, compile: bool, tokens: int, prompt_len:
     model.eval()
     model.max_seq_length = prompt_len + tokens + 8
     model.set_kv_cache(batch_size=1, device="cuda")
-    step = torch.compile(next_token, mode="reduce-overhead") if compile else next_token
+    compiled = torch.compile(next_token, mode="reduce-overhead") if compile else next_token
+
+    def step(*args):  # a new CUDA-graph step per token; copy the output out before the next replay reuses it
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args).clone()
     prompt = torch.randint(0, model.config.vocab_size, (1, prompt_len), device="cuda")
     token = step(model, torch.arange(prompt_len, device="cuda"), prompt)
     for i in range(3):  # warm up (and capture the CUDA graph)

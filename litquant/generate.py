@@ -27,7 +27,15 @@ def compile_next_token(kernel_compiles: bool):
               file=sys.stderr)
         return
     torch._dynamo.config.automatic_dynamic_shapes = True
-    gen.next_token = torch.compile(gen.next_token, mode=COMPILE_MODE)
+    compiled = torch.compile(gen.next_token, mode=COMPILE_MODE)
+
+    def step(*args, **kwargs):
+        # each decode step is a new CUDA-graph step (the KV cache is updated in place), and its output lives
+        # in memory the next replay overwrites: litgpt keeps every token, so copy each one out
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args, **kwargs).clone()
+
+    gen.next_token = step
 
 
 @torch.inference_mode()

@@ -22,12 +22,12 @@ run() {  # run <stage> <command...>: log the exact command and its output to $OU
 stages=${*:-build test kernels}
 for stage in $stages; do
   case $stage in
-    build)   run build python3 -m litquant kernels --build ;;
-    test)    run test python3 -m pytest -m gpu -q -x --no-header -p no:cacheprovider tests ;;
-    kernels) run kernels python3 benchmarks/kernels.py --out_dir "$OUT" ${KERNELS_ARGS:-} ;;
+    build)   run build python3 -m litquant kernels --build true ;;
+    test)    run test python3 -m pytest -m gpu -q --no-header -p no:cacheprovider ${TEST_ARGS:-tests} ;;
+    kernels) run kernels python3 benchmarks/kernels.py --out-dir "$OUT" ${KERNELS_ARGS:-} ;;
     e2e)     run e2e python3 benchmarks/e2e_decode.py --out_dir "$OUT" ${E2E_ARGS:-} ;;
     gptq)    run gptq python3 benchmarks/quantize_speed.py --out_dir "$OUT" ${GPTQ_ARGS:-} ;;
-    awq)     run awq python3 benchmarks/awq_speed.py --out_dir "$OUT" ${AWQ_ARGS:-} ;;
+    awq)     run awq python3 benchmarks/awq_speed.py --out "$OUT/awq_speed.json" ${AWQ_ARGS:-} ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

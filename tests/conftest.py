@@ -20,6 +20,11 @@ TINY_CONFIGS = {
     "llama": dict(name="tiny-llama", block_size=128, vocab_size=VOCAB, padded_vocab_size=VOCAB, n_layer=2, n_embd=64,
                   n_head=4, n_query_groups=2, head_size=16, rotary_percentage=1.0, parallel_residual=False, bias=False,
                   norm_class_name="RMSNorm", mlp_class_name="LLaMAMLP", intermediate_size=160),
+    # LLaMA-style with widths that every GPU kernel takes (multiples of 64 and 128)
+    "llama_gpu": dict(name="tiny-llama-gpu", block_size=128, vocab_size=VOCAB, padded_vocab_size=VOCAB, n_layer=2,
+                      n_embd=128, n_head=4, n_query_groups=2, head_size=32, rotary_percentage=1.0,
+                      parallel_residual=False, bias=False, norm_class_name="RMSNorm", mlp_class_name="LLaMAMLP",
+                      intermediate_size=256),
     # GptNeoX-style (Pythia): LayerNorm with bias, GELU MLP, parallel residual, partial rope
     "neox": dict(name="tiny-neox", block_size=128, vocab_size=VOCAB, padded_vocab_size=VOCAB, n_layer=2, n_embd=64,
                  n_head=4, n_query_groups=4, head_size=16, rotary_percentage=0.25, parallel_residual=True, bias=True,
