@@ -27,9 +27,10 @@ def is_ignored(name: str, ignore_modules: Iterable[str]) -> bool:
 
 
 def quantizable_linears(model: nn.Module, ignore_modules: Iterable[str]) -> List[Tuple[str, nn.Linear]]:
-    """The (name, module) of every Linear that a quantized checkpoint of `model` quantizes."""
+    """The (name, module) of every Linear that a quantized checkpoint of `model` quantizes. MoE routers
+    (`mlp.gate`) always stay in full precision: they are tiny and routing is sensitive to their error."""
     return [(name, m) for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and not is_ignored(name, ignore_modules)]
+            if isinstance(m, nn.Linear) and not is_ignored(name, ignore_modules) and not name.endswith("mlp.gate")]
 
 
 def layer_specs(model: nn.Module, config: QuantizeConfig) -> List[Tuple[str, LayerSpec]]:
