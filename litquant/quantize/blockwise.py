@@ -33,10 +33,6 @@ class BlockInputs:
     def __len__(self) -> int:
         return len(self.hidden)
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(h.shape[0] * h.shape[1] for h in self.hidden)
-
     def batches(self) -> Iterator[torch.Tensor]:
         """Each batch [b, T, n_embd] on the compute device."""
         for h in self.hidden:
