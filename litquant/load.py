@@ -134,6 +134,5 @@ def _load_plain(fabric: L.Fabric, config: Config, checkpoint_dir: Path) -> GPT:
     state = load_litgpt_state(checkpoint_dir)
     with fabric.init_module(empty_init=True):
         model = GPT(config)
-    model = fabric.setup_module(model)
-    model.load_state_dict(state, strict=True)
-    return model.module if hasattr(model, "module") else model
+    model.load_state_dict(state, strict=True)  # load_model wraps it with fabric.setup_module once, for every path
+    return model
