@@ -20,6 +20,7 @@ from litgpt.model import GPT
 
 from litquant.config import QuantizeConfig
 from litquant.demo import model_bytes
+from litquant.generate import set_kv_cache
 from litquant.precision import QuantizedPrecision
 from litquant.quantize.quantizer import rtn_quantize
 
@@ -74,7 +75,7 @@ def build(config: Config, variant: str) -> GPT:
 def decode_tokens_per_second(model: GPT, compile: bool, tokens: int, prompt_len: int = 16) -> float:
     model.eval()
     model.max_seq_length = prompt_len + tokens + 8
-    model.set_kv_cache(batch_size=1, device="cuda")
+    set_kv_cache(model, torch.device("cuda"))
     compiled = torch.compile(next_token, mode="reduce-overhead") if compile else next_token
 
     def step(*args):  # a new CUDA-graph step per token; copy the output out before the next replay reuses it

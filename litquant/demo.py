@@ -12,6 +12,7 @@ from typing import List, Optional
 import torch
 
 from litquant.assets import cache_root, smollm2_checkpoint
+from litquant.generate import set_kv_cache
 from litquant.load import load_model
 from litquant.perplexity import compute_perplexity, read_text
 
@@ -70,7 +71,7 @@ def demo(
         model, tokenizer = loaded.model, loaded.tokenizer
         encoded = tokenizer.encode(PromptStyle.from_config(loaded.config).apply(prompt), device=loaded.fabric.device)
         model.max_seq_length = max(encoded.size(0) + max_new_tokens, window if text else 0)
-        model.set_kv_cache(batch_size=1, device=loaded.fabric.device)
+        set_kv_cache(model, loaded.fabric.device)
         with torch.inference_mode():
             t0 = time.perf_counter()
             y = litgpt_generate(model, encoded, encoded.size(0) + max_new_tokens, temperature=0.0,

@@ -38,6 +38,13 @@ def compile_next_token(kernel_compiles: bool):
     gen.next_token = step
 
 
+def set_kv_cache(model, device: torch.device) -> None:
+    """A batch-1 KV cache in the model's compute dtype (that of its embedding). litgpt converts a cache of another
+    dtype on the first step by re-assigning the buffer, which under CUDA graphs leaves the module holding graph
+    memory that the next replay overwrites."""
+    model.set_kv_cache(batch_size=1, device=device, dtype=model.transformer.wte.weight.dtype)
+
+
 @torch.inference_mode()
 def generate(
     checkpoint_dir: Path,
@@ -83,7 +90,7 @@ def generate(
     encoded = tokenizer.encode(prompt, device=fabric.device)
     max_returned = encoded.size(0) + max_new_tokens
     model.max_seq_length = max_returned
-    model.set_kv_cache(batch_size=1, device=fabric.device)
+    set_kv_cache(model, fabric.device)
     if compile:
         compile_next_token(_kernel_compiles(model))
     L.seed_everything(1234)
@@ -144,7 +151,7 @@ def chat(
     loaded = load_model(checkpoint_dir, kernel=kernel, quantize=quantize, precision=precision, device=device)
     model, tokenizer = loaded.model, loaded.tokenizer
     model.max_seq_length = min(loaded.config.block_size, 4096)
-    model.set_kv_cache(batch_size=1, device=loaded.fabric.device)
+    set_kv_cache(model, loaded.fabric.device)
     if compile:
         compile_next_token(_kernel_compiles(model))
     style = _prompt_style(Path(checkpoint_dir), loaded.config)

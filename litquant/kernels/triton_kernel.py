@@ -31,7 +31,10 @@ Paths, picked per (device, dtype, N, K, M bucket) by timing the candidates once 
     and casts (deterministic, no atomics, no zero-filled workspace).
     Measured slower on an H200 and not kept (benchmarks/results/2026-11-30-triton-*.log): in gemv, prefetching
     the next chunk into registers with a shift-free decode (AND/OR, then FADD); in mma, one K = ROWS dot per chunk
-    on a [BLOCK_N, VALUES, 16] -> [BLOCK_N, ROWS] reshaped tile.
+    on a [BLOCK_N, VALUES, 16] -> [BLOCK_N, ROWS] reshaped tile, also with x pre-permuted to the unpacked order
+    (0.23-0.40x cuBLAS at M = 64..4096, either operand order). The dequant path is already at ~87% of its
+    bandwidth bound (it must write 2 bytes per weight), so dequant + cuBLAS cannot pass ~0.5x of cuBLAS at
+    M = 256: the large-M target needs a fused wgmma kernel, which Triton did not give here.
 """
 import os
 import warnings
@@ -175,18 +178,41 @@ def _field_as_float(words, j: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
+def _windowed_field(words, j: tl.constexpr):
+    """4-bit field j masked into one of two mantissa windows without a shift of its own: odd fields go to bits
+    [12, 16) (fp32 value 1 + q / 2**11), even ones to [16, 20) (1 + q / 2**7). One shift of the word then serves
+    two fields, (1, 2) by << 8, (3, 4) by none, (5, 6) by >> 8, 0 and 7 by 16: 4 shifts and 8 AND/ORs a word
+    instead of 8 and 8, on the ALU pipe that bounds the gemv (ncu, H200). Exact; the smaller window only leaves
+    the q-part fewer bits next to the "1", about 2**-13 relative, far under 16-bit rounding."""
+    WINDOW: tl.constexpr = 12 if j % 2 == 1 else 16
+    SHIFT: tl.constexpr = WINDOW - 4 * j
+    if SHIFT > 0:
+        moved = words << SHIFT
+    elif SHIFT < 0:
+        moved = words >> (-SHIFT)
+    else:
+        moved = words
+    return ((moved & (0xF << WINDOW)) | 0x3F800000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr,
                  N, K, group_size, stride_xm, stride_om, stride_split,
                  BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, HAS_ZEROS: tl.constexpr,
-                 HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FINAL: tl.constexpr,
+                 HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FINAL: tl.constexpr, WINDOWED: tl.constexpr,
                  BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
     """out[row, n] (or split partial) for one activation row, BLOCK_N columns and one split of the chunks.
 
     The accumulator stays [BLOCK_N, WORDS] (no reduction in the loop). With one group per chunk, the fields of a
-    word share their scale: sum_j x_j * f_j is scaled once per word, and the zero-point term, s * z * sum(x),
-    once per chunk and column.
+    word share their scale: sum_j x_j * f_j is scaled once per word, and the zero-point term once per chunk and
+    column. Field j decodes to f_j = 1 + q * 2**-e_j and its activation enters pre-scaled by 2**(e_j - E), so
+    partial = C + 2**-E * sum(x * q) with C = the sum of the scaled activations, the same for every column:
+    sum(x * (q - z)) = 2**E * (partial - C) + 2**BITS * (zeros + 1) * sum(x), as zeros = -(1 + z / 2**BITS).
+    E = BITS with `_field_as_float` (e_j = BITS); E = 7 with `_windowed_field` (WINDOWED: 4-bit, 16-bit x).
     """
     VALUES: tl.constexpr = 32 // BITS
+    E: tl.constexpr = 7 if WINDOWED else BITS
+    ZERO_SCALE: tl.constexpr = 0.125 if WINDOWED else 1.0  # 2**(BITS - E)
     ROWS: tl.constexpr = VALUES * WORDS
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -208,13 +234,23 @@ def _gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, 
             s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS, group_size, offs_n, n_mask, N, K, HAS_ZEROS)
             partial = tl.zeros([BLOCK_N, WORDS], tl.float32)
             x_sum = tl.zeros([WORDS], tl.float32)
+            x_const = tl.zeros([WORDS], tl.float32)
             for j in tl.static_range(VALUES):
                 cols, k_mask = _activation_columns(perm_ptr, c * ROWS + j * WORDS + offs_w, K, HAS_PERM)
                 xj = tl.load(x_row + cols, mask=k_mask, other=0.0).to(tl.float32)
-                partial += xj[None, :] * _field_as_float(words, j, BITS)
+                if WINDOWED:
+                    if j % 2 == 1:  # window [12, 16): 2**4 further down than [16, 20)
+                        xs = xj * 16.0
+                    else:
+                        xs = xj
+                    partial += xs[None, :] * _windowed_field(words, j)
+                else:
+                    xs = xj
+                    partial += xs[None, :] * _field_as_float(words, j, BITS)
                 x_sum += xj
+                x_const += xs
             acc += s[:, None] * partial
-            zero_term += s * z * tl.sum(x_sum, 0)
+            zero_term += s * ((z + 1.0) * ZERO_SCALE * tl.sum(x_sum, 0) - tl.sum(x_const, 0))
         else:
             for j in tl.static_range(VALUES):
                 s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS + j * WORDS, group_size, offs_n, n_mask, N, K,
@@ -223,7 +259,7 @@ def _gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, 
                 xj = tl.load(x_row + cols, mask=k_mask, other=0.0).to(tl.float32)
                 acc += (s[:, None] * xj[None, :]) * _field_as_float(words, j, BITS)
                 zero_term += s * z * tl.sum(xj, 0)
-    total = (tl.sum(acc, 1) + zero_term) * (1 << BITS)
+    total = (tl.sum(acc, 1) + zero_term) * (1 << E)
     if FINAL:
         if HAS_BIAS:
             total += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
@@ -450,8 +486,9 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scales:
     flags.update(HAS_PERM=perm is not None, HAS_BIAS=bias is not None, FINAL=final, BLOCK_N=config.block_n,
                  num_warps=config.num_warps, num_stages=config.num_stages)
     if config.path == "gemv":
+        windowed = bits == 4 and flags["GROUP_PER_CHUNK"] and x.dtype != torch.float32
         _gemv_kernel[(triton.cdiv(n, config.block_n), config.split_k, m)](
-            *args, n, k, group, x.stride(0), n, m * n, **flags)
+            *args, n, k, group, x.stride(0), n, m * n, WINDOWED=windowed, **flags)
     else:
         # The interpreter computes bf16 tl.dot wrongly (triton 3.9); it gets the same values widened to fp32.
         dot_dtype = tl.float32 if INTERPRET else _TL_DTYPES[x.dtype]
