@@ -120,6 +120,10 @@ def _load_bnb(config: Config, checkpoint_dir: Path, mode: str, dtype: torch.dtyp
                                   device="meta")
         layer.weight = bnb.nn.Params4bit(state.pop(f"{name}.weight").to(dtype), requires_grad=False,
                                          quant_type=quant_type, compress_statistics=double_quant).to(device)
+        if linear.in_features % layer.weight.quant_state.blocksize or linear.out_features % 32:
+            # bitsandbytes' AVX512-BF16 CPU path (0.50) repacks the weight assuming whole quantization blocks along
+            # K and 32-row tiles along N, and fails on other shapes; its generic path takes any shape
+            layer.support_avx512bf16_for_cpu = False
         if linear.bias is not None:
             layer.bias = torch.nn.Parameter(state.pop(f"{name}.bias").to(device, dtype), requires_grad=False)
         parent, _, child = name.rpartition(".")
