@@ -200,7 +200,7 @@ def test_contract():
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2}  # ||out - ref|| / ||ref||
 ROWS = (1, 3, 16, 17, 64, 255, 256, 1024, 4096)
 LLAMA_SHAPES = [(4096, 12288), (4096, 11008), (11008, 4096), (8192, 28672), (4096, 14336)]
-SMALL_SHAPES = [(64, 64), (128, 192), (192, 320), (576, 960), (320, 128), (256, 384)]
+SMALL_SHAPES = [(64, 64), (128, 192), (192, 320), (576, 960), (320, 128), (256, 384), (384, 256)]
 
 
 def torch_reference(qw: QuantizedWeight, dtype: torch.dtype) -> TorchQuantLinear:
@@ -224,7 +224,7 @@ def fused_output(module: MarlinQuantLinear, x: torch.Tensor) -> torch.Tensor:
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def check_rows(qw: QuantizedWeight, dtype: torch.dtype, rows, fused_up_to: int = 4096) -> None:
@@ -267,6 +267,24 @@ def test_gpu_small_shapes(shape, group_size):
     qw = random_quantized_weight(*shape, group_size, sym=False, act_order=True, device="cuda", bias=True)
     check_rows(qw, torch.bfloat16, ROWS)
     check_rows(qw, torch.float16, (1, 17, 100))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("group_size, sym", [(-1, True), (64, False), (128, True), (128, False)])
+@pytest.mark.parametrize("shape", [(4096, 11008), (8192, 28672), (384, 256)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_gpu_decode_path_is_as_accurate_as_the_reference(dtype, group_size, sym, shape):
+    """Decode (M <= 16) multiplies the biased codes and applies zero point and scale per group, after the
+    mma: against the exact product (fp64), its error must not exceed the torch reference's by more than 10%."""
+    qw = random_quantized_weight(*shape, group_size, sym=sym, act_order=False, device="cuda")
+    module, ref = marlin_module(qw, dtype), torch_reference(qw, dtype)
+    g = qw.g_idx.long()
+    w_exact = (qw.codes.double() - qw.zeros.double()[g]) * qw.scales.to(dtype).double()[g]
+    for m in (1, 5, 16):
+        x = torch.randn(m, shape[0], device="cuda", dtype=dtype)
+        exact = x.double() @ w_exact
+        err_kernel, err_ref = relative_error(fused_output(module, x), exact), relative_error(ref(x), exact)
+        assert err_kernel <= 1.1 * err_ref, f"M={m}: kernel {err_kernel:.2e}, torch reference {err_ref:.2e}"
 
 
 @pytest.mark.gpu

@@ -19,6 +19,9 @@
 //   hmul2 applies the group scale. bf16 has only 7 mantissa bits: 128.0 (0x4300) | q = 128 + q for the
 //   low nibble only, so bf16 shifts the word by 4 for each pair instead. Both produce exactly the
 //   dequantized values of the reference kernel ((q - z) rounded once by the scale multiply).
+//   Decode (one row block) skips the subtract and the multiply: the mma takes the biased codes and
+//   zero point and scale are applied per group in fp32, after it (see ScaleAfterMma): a pair then
+//   costs one shift and one lop3.
 //
 // Scales: [G, N] in the activation dtype, permuted inside each 64-column tile so that lane l finds its
 //   8 scales (subtiles 0..7 of column l/4) in 16 contiguous bytes: position 8(c%8) + c/8 holds column c.
@@ -61,6 +64,14 @@ __device__ __forceinline__ void cp_async16_or_zero(void* dst, const void* src, b
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src),
                "r"(src_bytes));
+}
+
+// p + offset (in uint4) as one mad.wide.u32, which runs on the FMA pipe; the 64-bit add the compiler
+// would emit takes two to four ALU instructions, and the ALU pipe is what limits the decode kernel.
+__device__ __forceinline__ const uint4* offset_by(const uint4* p, uint32_t offset) {
+  const uint4* r;
+  asm("mad.wide.u32 %0, %1, 16, %2;\n" : "=l"(r) : "r"(offset), "l"(p));
+  return r;
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -111,6 +122,10 @@ template <>
 struct Dtype<half> {
   using T2 = half2;
   static constexpr uint32_t kMagic = 0x64006400u;  // 1024.0 in both halves
+  static constexpr uint32_t kOnes = 0x3c003c00u;   // 1.0 in both halves
+  static constexpr uint32_t kMagicInt = 1024;      // the magic's value
+  // The scale-after-mma path puts nibbles at bits 4..7 of each half: 1024 + 16q (see ScaleAfterMma)
+  static constexpr int kNibbleShift = 4;
 
   static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -120,12 +135,17 @@ struct Dtype<half> {
   }
   static __device__ __forceinline__ T2 pack(float lo, float hi) { return __floats2half2_rn(lo, hi); }
   static __device__ __forceinline__ float2 unpack(T2 v) { return __half22float2(v); }
+  static __device__ __forceinline__ float low(uint32_t pair) { return __low2float(bit_cast<T2>(pair)); }
+  static __device__ __forceinline__ float high(uint32_t pair) { return __high2float(bit_cast<T2>(pair)); }
 };
 
 template <>
 struct Dtype<__nv_bfloat16> {
   using T2 = __nv_bfloat162;
   static constexpr uint32_t kMagic = 0x43004300u;  // 128.0 in both halves
+  static constexpr uint32_t kOnes = 0x3f803f80u;   // 1.0 in both halves
+  static constexpr uint32_t kMagicInt = 128;
+  static constexpr int kNibbleShift = 0;  // 7 mantissa bits: the nibble must sit at bits 0..3
 
   static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -135,6 +155,9 @@ struct Dtype<__nv_bfloat16> {
   }
   static __device__ __forceinline__ T2 pack(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
   static __device__ __forceinline__ float2 unpack(T2 v) { return __bfloat1622float2(v); }
+  // bf16 -> fp32 is a shift of the bits into the high half
+  static __device__ __forceinline__ float low(uint32_t pair) { return __uint_as_float(pair << 16); }
+  static __device__ __forceinline__ float high(uint32_t pair) { return __uint_as_float(pair & 0xffff0000u); }
 };
 
 // The zero-point word of a symmetric weight: every nibble 8.
@@ -208,6 +231,61 @@ struct GroupConstants<__nv_bfloat16> {
   }
 };
 
+// The scale-after-mma path, for one row block (decode) and groups of at least 64 rows. Dequantizing
+// a pair costs a shift and a lop3 and nothing else: the mma takes the biased codes B0 + u*q (the
+// nibble OR-ed into the magic B0 at bit position log2(u): 128 + q for bf16, 1024 + 16q for fp16,
+// exact in both) and accumulates, per group,
+//   acc_group = sum_k x_k (B0 + u q_k)   and   sum_x = sum_k x_k   (one extra mma against ones per k16),
+// so that the group's contribution is (scale / u) * (acc_group - (B0 + u z) * sum_x), added in fp32
+// once per group. This drops the subtract and the multiply of every pair (8 of a word's 15
+// instructions in bf16) for 2 fma per accumulator per group. Precision: products of fp16/bf16
+// values are exact in fp32, and the cancellation against (B0 + u z) * sum_x costs about
+// log2(B0 / (4u)) bits of the fp32 accumulator (5 for bf16; 4 for fp16, which is why its nibble
+// goes to bits 4..7 rather than 0..3), far below the output's precision.
+template <typename T>
+struct ScaleAfterMma {
+  static constexpr int kShift = Dtype<T>::kNibbleShift;
+  static constexpr float kInvStep = 1.f / (1 << kShift);  // 1/u
+
+  // Word j of a lane's tile -> the biased B fragments {b0b1, b2b3} of subtile 2j, then of 2j + 1.
+  static __device__ __forceinline__ void dequant(uint32_t q, uint32_t (&b)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // pair i = nibbles {i, i + 4}, moved to bit kShift of each half
+      const uint32_t moved = 4 * i >= kShift ? q >> (4 * i - kShift) : q << (kShift - 4 * i);
+      b[i] = mask_or(moved, 0x000f000fu << kShift, Dtype<T>::kMagic);
+    }
+  }
+
+  // acc += (scale / u) * (acc_group - (B0 + u z) * sum_x), then acc_group = sum_x = 0. The
+  // accumulators of lane l cover columns 2(l%4) + {0, 1} of each subtile; in the permuted scale
+  // layout, column i of the 8 subtiles is the uint4 at i (8 values), and in the zero layout the uint2 at i.
+  static __device__ __forceinline__ void add_group(float (&acc)[8][4], float (&acc_group)[8][4], float (&sum_x)[4],
+                                                   const uint4* scales, const uint2* zeros, int lane) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = 2 * (lane % 4) + h;
+      const uint4 sv = scales[i];
+      const uint32_t sw[4] = {sv.x, sv.y, sv.z, sv.w};
+      const uint2 zv = zeros ? zeros[i] : make_uint2(kSymmetricZeros, kSymmetricZeros);
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const float scale = (s % 2 ? Dtype<T>::high(sw[s / 2]) : Dtype<T>::low(sw[s / 2])) * kInvStep;
+        // B0 + u z as fp32 through the exponent trick: (2^23 + (B0 | u z)) - 2^23, as B0 > 16 u > u z
+        const uint32_t z = ((s < 4 ? zv.x : zv.y) >> (4 * (s % 4))) & 0xfu;
+        const float bias = __uint_as_float(0x4b000000u | Dtype<T>::kMagicInt | (z << kShift)) - 8388608.f;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {  // rows lane/4 and lane/4 + 8
+          float& g = acc_group[s][2 * r + h];
+          acc[s][2 * r + h] = fmaf(scale, fmaf(-bias, sum_x[2 * r], g), acc[s][2 * r + h]);
+          g = 0.f;
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sum_x[i] = 0.f;
+  }
+};
+
 // ---------------------------------------------------------------------------------------------
 // Tile shapes
 // ---------------------------------------------------------------------------------------------
@@ -216,7 +294,7 @@ constexpr int kSmemBudget = 160 * 1024;  // fits an A100 (163 KB per block) as w
 template <int MB, int TK, int TN>
 struct Tile {
   static constexpr int kTN64 = TN / 64;  // warp tiles across the block's columns
-  static constexpr int kKGroups = 8 / kTN64;  // warps along k: always 8 warps
+  static constexpr int kKGroups = 8 / kTN64;  // warps along k: always 8 warps (16 measured slower)
   static constexpr int kWarps = kTN64 * kKGroups;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kK16PerWarp = TK / 16 / kKGroups;  // k16 steps of one warp per unit
@@ -273,9 +351,12 @@ struct UnitCursor {
   __host__ __device__ int column(int chunks) const { return nt * chunks + chunk; }
 };
 
-template <typename T, int MB, int TK, int TN>
+// kScaleAfter: the scale-after-mma path (one row block, groups of 64 rows or more); else the
+// per-pair scaling, which takes any group size and any number of row blocks.
+template <typename T, int MB, int TK, int TN, bool kScaleAfter, bool kHasZeros>
 __global__ void __launch_bounds__(Tile<MB, TK, TN>::kThreads, 1) marlin_gemm_kernel(const GemmArgs args) {
   using C = Tile<MB, TK, TN>;
+  static_assert(!kScaleAfter || MB == 1, "the scale-after-mma path is for one row block");
   using T2 = typename Dtype<T>::T2;
   extern __shared__ uint4 smem[];
 
@@ -290,17 +371,16 @@ __global__ void __launch_bounds__(Tile<MB, TK, TN>::kThreads, 1) marlin_gemm_ker
   const int u_begin = blockIdx.x * per_block;
   const int u_end = min(units, u_begin + per_block);
   if (u_begin >= u_end) return;
-  const int groups = shift < 0 ? 1 : ((K - 1) >> shift) + 1;
   const int group_rows = shift < 0 ? 1 : max(1, TK >> shift);
   const size_t b_ktile_stride = (size_t)(TK / 16) * (N / 64) * 32;  // uint4 per k tile of the weight
-  const bool has_zeros = args.zeros != nullptr;
+  constexpr bool has_zeros = kHasZeros;  // a template parameter: symmetric weights fold the zero point
 
   // Each thread's share of a stage's copies is fixed: precompute its offsets once, so a fetch is a
   // few pointer adds and cp.async. Loops run a compile-time number of times, guarded where the
   // last round is partial.
   constexpr int kBCopies = C::kB / C::kThreads;
   constexpr int kACopies = (C::kA + C::kThreads - 1) / C::kThreads;
-  int b_src[kBCopies];  // offset in qweight from the unit's first uint4
+  uint32_t b_src[kBCopies];  // offset in qweight from the unit's first uint4
   int a_row[kACopies], a_src[kACopies], a_dst[kACopies];
 #pragma unroll
   for (int it = 0; it < kBCopies; ++it) {
@@ -323,7 +403,7 @@ __global__ void __launch_bounds__(Tile<MB, TK, TN>::kThreads, 1) marlin_gemm_ker
     uint4* st = smem + stage * C::kStage;
     const uint4* gb = args.qweight + (cur.kt * b_ktile_stride + cur.nt * (C::kTN64 * 32));
 #pragma unroll
-    for (int it = 0; it < kBCopies; ++it) cp_async16(st + it * C::kThreads + tid, gb + b_src[it]);
+    for (int it = 0; it < kBCopies; ++it) cp_async16(st + it * C::kThreads + tid, offset_by(gb, b_src[it]));
     const int row0 = cur.chunk * MB * 16;
     const uint4* ga = args.x + ((size_t)row0 * (K / 8) + cur.kt * (TK / 8));
 #pragma unroll
@@ -349,46 +429,77 @@ __global__ void __launch_bounds__(Tile<MB, TK, TN>::kThreads, 1) marlin_gemm_ker
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[m][s][i] = 0.f;
 
-  GroupConstants<T> consts;
-  int consts_key = -1;  // (column, group) of `consts`; reloaded only when it changes
+  float acc_group[8][4], sum_x[4];  // the scale-after-mma path's per-group sums
+#pragma unroll
+  for (int s = 0; s < 8; ++s)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc_group[s][i] = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) sum_x[i] = 0.f;
 
-  auto compute = [&](const UnitCursor& cur, int stage) {
-    const int col = cur.column(chunks);
+  // One unit: the warp's kK16PerWarp k16 steps. All shared-memory loads of the unit (weight words
+  // and A fragments) are issued first so that their latencies overlap; the steps then only branch
+  // where a new quantization group may start. Groups span at least two k16 steps, and a warp's
+  // slice starts on a group boundary or inside one group.
+  auto group_starts_at = [&](int t) {
+    return t == 0 || (t % 2 == 0 && shift >= 0 && ((t * 16) & ((1 << shift) - 1)) == 0);
+  };
+  auto group_row_at = [&](int t) { return shift < 0 ? 0 : ((wk * C::kK16PerWarp + t) * 16) >> shift; };
+  auto compute = [&](int stage) {
     const uint4* st = smem + stage * C::kStage;
+    const uint4* st_scales = st + C::kB + C::kA + wn * 8;
+    const uint2* st_zeros =
+        has_zeros ? reinterpret_cast<const uint2*>(st + C::kB + C::kA + C::kScales) + wn * 8 : nullptr;
+    uint4 q[C::kK16PerWarp];
+    uint32_t a[C::kK16PerWarp][MB][4];
 #pragma unroll
     for (int t = 0; t < C::kK16PerWarp; ++t) {
       const int kk = wk * C::kK16PerWarp + t;
-      int group_row = 0, key = col;
-      if (shift >= 0) {
-        const int g = (cur.kt * TK + kk * 16) >> shift;
-        group_row = g - ((cur.kt * TK) >> shift);
-        key = col * groups + g;
-      }
-      if (key != consts_key) {
-        consts_key = key;
-        const uint4 s = st[C::kB + C::kA + group_row * (TN / 8) + wn * 8 + lane / 4];
-        const uint2 z = has_zeros
-            ? reinterpret_cast<const uint2*>(st + C::kB + C::kA + C::kScales)[group_row * (TN / 8) + wn * 8 + lane / 4]
-            : make_uint2(kSymmetricZeros, kSymmetricZeros);
-        consts.load(s, z);
-      }
-      const uint4 q = st[kk * C::kTN64 * 32 + wn * 32 + lane];
-      uint32_t a[MB][4];
+      q[t] = st[kk * C::kTN64 * 32 + wn * 32 + lane];
 #pragma unroll
       for (int m = 0; m < MB; ++m) {
         const int row = m * 16 + lane % 8 + ((lane / 8) % 2) * 8;
         const int chunk = kk * 2 + lane / 16;
-        ldmatrix_x4(a[m], st + C::kB + row * (TK / 8) + (chunk ^ (row % 8)));
+        ldmatrix_x4(a[t][m], st + C::kB + row * (TK / 8) + (chunk ^ (row % 8)));
       }
-      const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+    }
+    if constexpr (kScaleAfter) {
+      auto add_group = [&](int t) {
+        const int g = group_row_at(t) * (TN / 8);
+        ScaleAfterMma<T>::add_group(acc[0], acc_group, sum_x, st_scales + g, st_zeros ? st_zeros + g : nullptr, lane);
+      };
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t b[4];
-        consts.dequant(words[j], j, b);
+      for (int t = 0; t < C::kK16PerWarp; ++t) {
+        if (t > 0 && group_starts_at(t)) add_group(t - 1);
+        const uint32_t words[4] = {q[t].x, q[t].y, q[t].z, q[t].w};
 #pragma unroll
-        for (int m = 0; m < MB; ++m) {
-          Dtype<T>::mma(acc[m][2 * j], a[m], b[0], b[1]);
-          Dtype<T>::mma(acc[m][2 * j + 1], a[m], b[2], b[3]);
+        for (int j = 0; j < 4; ++j) {
+          uint32_t b[4];
+          ScaleAfterMma<T>::dequant(words[j], b);
+          Dtype<T>::mma(acc_group[2 * j], a[t][0], b[0], b[1]);
+          Dtype<T>::mma(acc_group[2 * j + 1], a[t][0], b[2], b[3]);
+        }
+        Dtype<T>::mma(sum_x, a[t][0], Dtype<T>::kOnes, Dtype<T>::kOnes);
+      }
+      add_group(C::kK16PerWarp - 1);
+    } else {
+      GroupConstants<T> consts;
+#pragma unroll
+      for (int t = 0; t < C::kK16PerWarp; ++t) {
+        if (group_starts_at(t)) {
+          const int g = group_row_at(t) * (TN / 8) + lane / 4;
+          consts.load(st_scales[g], st_zeros ? st_zeros[g] : make_uint2(kSymmetricZeros, kSymmetricZeros));
+        }
+        const uint32_t words[4] = {q[t].x, q[t].y, q[t].z, q[t].w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t b[4];
+          consts.dequant(words[j], j, b);
+#pragma unroll
+          for (int m = 0; m < MB; ++m) {
+            Dtype<T>::mma(acc[m][2 * j], a[t][m], b[0], b[1]);
+            Dtype<T>::mma(acc[m][2 * j + 1], a[t][m], b[2], b[3]);
+          }
         }
       }
     }
@@ -501,7 +612,7 @@ __global__ void __launch_bounds__(Tile<MB, TK, TN>::kThreads, 1) marlin_gemm_ker
       fetch_at.advance(k_tiles, chunks);
     }
     cp_async_commit();
-    compute(compute_at, compute_stage);
+    compute(compute_stage);
     if (compute_at.kt == k_tiles - 1 || u == u_end - 1) finish_column(compute_at);
     compute_at.advance(k_tiles, chunks);
     compute_stage = compute_stage == C::kStages - 1 ? 0 : compute_stage + 1;
@@ -510,31 +621,59 @@ __global__ void __launch_bounds__(Tile<MB, TK, TN>::kThreads, 1) marlin_gemm_ker
   cp_async_wait<0>();
 }
 
-template <typename T, int MB, int TK, int TN>
-const char* launch_gemm(GemmArgs args, cudaStream_t stream) {
-  using C = Tile<MB, TK, TN>;
+int sm_count() {
   int device = 0, sms = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+    return 0;
+  return sms;
+}
+
+template <typename T, int MB, int TK, int TN, bool kScaleAfter, bool kHasZeros>
+const char* launch_kernel(GemmArgs args, cudaStream_t stream) {
+  using C = Tile<MB, TK, TN>;
+  const int sms = sm_count();
+  if (sms < 1) return "marlin: could not read the GPU's multiprocessor count";
+  auto kernel = marlin_gemm_kernel<T, MB, TK, TN, kScaleAfter, kHasZeros>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+  // Blocks wait for each other (the column locks), so all of them must be resident at once: one
+  // block per SM, and the tile must fit there.
+  int per_sm = 0;
+  if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, C::kThreads, C::kSmemBytes);
   if (err != cudaSuccess) return cudaGetErrorString(err);
+  if (per_sm < 1) return "marlin: the kernel's tile does not fit on this GPU";
   const int chunks = (args.M + MB * 16 - 1) / (MB * 16);
   const int units = (args.N / TN) * chunks * (args.K / TK);
   args.units_per_block = (units + sms - 1) / sms;
   const int grid = (units + args.units_per_block - 1) / args.units_per_block;
-  auto kernel = marlin_gemm_kernel<T, MB, TK, TN>;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
-  if (err != cudaSuccess) return cudaGetErrorString(err);
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(args);
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
-// Tile shape per row-block count. Few rows: 128 x 256 tiles give each warp 4 k16 steps per unit,
-// enough work to hide the per-unit bookkeeping. Many rows: 64 x 256 tiles (each A tile feeds more
+template <typename T, int MB, int TK, int TN, bool kScaleAfter = false>
+const char* launch_gemm(const GemmArgs& args, cudaStream_t stream) {
+  return args.zeros ? launch_kernel<T, MB, TK, TN, kScaleAfter, true>(args, stream)
+                    : launch_kernel<T, MB, TK, TN, kScaleAfter, false>(args, stream);
+}
+
+// Tile shape per row-block count, measured on an H200 (benchmarks/results/2026-11-30-marlin-decode.md).
+// One row block (M <= 16, decode) takes the scale-after-mma path with 256-row k tiles (8 k16 steps
+// per warp between barriers), 256 columns wide when that still gives every SM 8 or more tiles,
+// else 128 wide (smaller layers: finer stripes balance better); group size 32 keeps the per-pair
+// scaling. More rows: 128 x 256 tiles for up to 32 rows, 64 x 256 beyond (each A tile feeds more
 // columns). Narrower tiles where N is not a multiple of 256; K or N is a multiple of 128.
 template <typename T, int MB>
 const char* dispatch_tile(const GemmArgs& args, cudaStream_t stream) {
-  const bool k128 = args.K % 128 == 0, n256 = args.N % 256 == 0, n128 = args.N % 128 == 0;
+  const int K = args.K, N = args.N;
+  const bool k128 = K % 128 == 0, n256 = N % 256 == 0, n128 = N % 128 == 0;
+  if constexpr (MB == 1) {
+    if (args.group_shift != 5 && n128 && k128) {
+      if (K % 256 != 0) return launch_gemm<T, 1, 128, 128, true>(args, stream);
+      if (n256 && (N / 256) * (K / 256) >= 8 * sm_count()) return launch_gemm<T, 1, 256, 256, true>(args, stream);
+      return launch_gemm<T, 1, 256, 128, true>(args, stream);
+    }
+  }
   if constexpr (MB <= 2) {
     if (!k128) return launch_gemm<T, MB, 64, 128>(args, stream);
     if (n256) return launch_gemm<T, MB, 128, 256>(args, stream);
