@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Compile-check every csrc/*/*.cu for sm_80 and sm_90 with nvcc (no GPU needed), using the flags
-# torch's extension builder adds. Fails on the first compiler error. VERBOSE=1 prints ptxas's
-# register / spill report.
+# Compile-check every csrc/*/*.cu for sm_80 and sm_90a (what build.py targets on Hopper) with nvcc
+# (no GPU needed), using the flags torch's extension builder adds. Fails on the first compiler error.
+# VERBOSE=1 prints ptxas's register / spill report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-nvcc}
@@ -16,14 +16,14 @@ sources=(csrc/*/*.cu)
 [ ${#sources[@]} -gt 0 ] || { echo "check_cuda.sh: no csrc/*/*.cu" >&2; exit 1; }
 pids=()
 for src in "${sources[@]}"; do
-  for arch in 80 90; do
+  for arch in 80 90a; do
     obj="$out/$(basename "$(dirname "$src")")_$(basename "$src" .cu)_sm$arch.o"
-    echo "nvcc -arch=sm_$arch -c $src"
-    "$NVCC" "${FLAGS[@]}" -arch=sm_$arch -c "$src" -o "$obj" &
+    echo "nvcc -gencode=arch=compute_$arch,code=sm_$arch -c $src"
+    "$NVCC" "${FLAGS[@]}" -gencode=arch=compute_$arch,code=sm_$arch -c "$src" -o "$obj" &
     pids+=($!)
   done
 done
 status=0
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-[ $status = 0 ] && echo "check_cuda.sh: all sources compile for sm_80 and sm_90"
+[ $status = 0 ] && echo "check_cuda.sh: all sources compile for sm_80 and sm_90a"
 exit $status

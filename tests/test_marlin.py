@@ -273,14 +273,15 @@ def test_gpu_small_shapes(shape, group_size):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("group_size, sym", [(-1, True), (64, False), (128, True), (128, False)])
 @pytest.mark.parametrize("shape", [(4096, 11008), (8192, 28672), (384, 256)], ids=lambda s: f"{s[0]}x{s[1]}")
-def test_gpu_decode_path_is_as_accurate_as_the_reference(dtype, group_size, sym, shape):
-    """Decode (M <= 16) multiplies the biased codes and applies zero point and scale per group, after the
-    mma: against the exact product (fp64), its error must not exceed the torch reference's by more than 10%."""
+def test_gpu_fused_paths_are_as_accurate_as_the_reference(dtype, group_size, sym, shape):
+    """Against the exact product (fp64), no fused path's error may exceed the torch reference's by more than
+    10%: decode (M <= 16) multiplies the biased codes and applies zero point and scale per group after the
+    mma; larger M dequantizes per pair, on mma.sync or (Hopper, M > 32) wgmma."""
     qw = random_quantized_weight(*shape, group_size, sym=sym, act_order=False, device="cuda")
     module, ref = marlin_module(qw, dtype), torch_reference(qw, dtype)
     g = qw.g_idx.long()
     w_exact = (qw.codes.double() - qw.zeros.double()[g]) * qw.scales.to(dtype).double()[g]
-    for m in (1, 5, 16):
+    for m in (1, 5, 16, 32, 64, 256):
         x = torch.randn(m, shape[0], device="cuda", dtype=dtype)
         exact = x.double() @ w_exact
         err_kernel, err_ref = relative_error(fused_output(module, x), exact), relative_error(ref(x), exact)
@@ -309,10 +310,11 @@ def test_gpu_unaligned_and_strided_inputs():
 
 
 @pytest.mark.gpu
-def test_gpu_cuda_graph_and_compile():
+@pytest.mark.parametrize("rows", [4, 64])
+def test_gpu_cuda_graph_and_compile(rows):
     qw = random_quantized_weight(512, 256, 128, sym=False, act_order=True, device="cuda", bias=True)
     module, ref = marlin_module(qw, torch.bfloat16), torch_reference(qw, torch.bfloat16)
-    x = torch.randn(4, 512, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows, 512, device="cuda", dtype=torch.bfloat16)
     compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
     assert relative_error(compiled(x), ref(x)) < TOLERANCE[torch.bfloat16]
 

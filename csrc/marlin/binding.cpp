@@ -50,7 +50,7 @@ void gemm_out(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& 
   const c10::cuda::CUDAGuard guard(x.device());
   // cp.async reads 16-byte pieces: a view at an odd offset is copied first.
   const at::Tensor xc = (x.is_contiguous() && aligned16(x)) ? x : x.contiguous().clone();
-  const at::Tensor partial = at::empty({litquant_marlin_partial_floats(M, N)}, x.options().dtype(at::kFloat));
+  const at::Tensor partial = at::empty({litquant_marlin_partial_floats(M, K, N)}, x.options().dtype(at::kFloat));
   const char* err = litquant_marlin_gemm(
       xc.data_ptr(), qweight.data_ptr<int32_t>(), scales.data_ptr(), zeros ? zeros->data_ptr<int32_t>() : nullptr,
       bias ? bias->data_ptr() : nullptr, out.data_ptr(), partial.data_ptr<float>(), locks.data_ptr<int32_t>(),

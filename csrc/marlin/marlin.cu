@@ -36,200 +36,21 @@
 //   scratch, serialized by one lock per column, in the order in which the blocks reach it.
 // Pipeline: kStages-deep cp.async ring of (B, A, scales, zeros) per unit, continuous across columns.
 //   A is read with ldmatrix from an XOR-swizzled tile (no bank conflicts).
+//
+// This file holds the mma.sync kernel (any GPU from sm_80), the dequantize kernel and the host entry
+// points; on Hopper, calls past the decode sizes go to the wgmma kernel (wgmma.cu). Helpers shared by
+// both are in common.cuh.
 #include "marlin.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include <atomic>
 
-#include <cstring>
+#include "common.cuh"
 
 namespace {
+using namespace litquant_marlin;
 
 // Row blocks of 16 per block tile: up to 64 rows in one pass over the weight.
 int row_blocks(int M) { return M >= 64 ? 4 : (M + 15) / 16; }
-
-// ---------------------------------------------------------------------------------------------
-// PTX wrappers
-// ---------------------------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_address(dst)), "l"(src));
-}
-
-// Copies 16 bytes, or writes 16 zero bytes when `valid` is false (rows past M).
-__device__ __forceinline__ void cp_async16_or_zero(void* dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src),
-               "r"(src_bytes));
-}
-
-// p + offset (in uint4) as one mad.wide.u32, which runs on the FMA pipe; the 64-bit add the compiler
-// would emit takes two to four ALU instructions, and the ALU pipe is what limits the decode kernel.
-__device__ __forceinline__ const uint4* offset_by(const uint4* p, uint32_t offset) {
-  const uint4* r;
-  asm("mad.wide.u32 %0, %1, 16, %2;\n" : "=l"(r) : "r"(offset), "l"(p));
-  return r;
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(p)));
-}
-
-// (a & mask) | magic in one instruction: lop3 with lookup table (0xF0 & 0xCC) | 0xAA.
-__device__ __forceinline__ uint32_t mask_or(uint32_t a, uint32_t mask, uint32_t magic) {
-  uint32_t r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(a), "r"(mask), "r"(magic));
-  return r;
-}
-
-__device__ __forceinline__ int load_acquire(const int32_t* p) {
-  int v;
-  asm volatile("ld.global.acquire.gpu.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void store_release(int32_t* p, int v) {
-  asm volatile("st.global.release.gpu.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-
-template <typename To, typename From>
-__device__ __forceinline__ To bit_cast(From v) {
-  static_assert(sizeof(To) == sizeof(From), "bit_cast needs equal sizes");
-  To r;
-  memcpy(&r, &v, sizeof(To));
-  return r;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Per dtype: the mma instruction, the dequantization of one weight word, and output conversion
-// ---------------------------------------------------------------------------------------------
-template <typename T>
-struct Dtype;
-
-template <>
-struct Dtype<half> {
-  using T2 = half2;
-  static constexpr uint32_t kMagic = 0x64006400u;  // 1024.0 in both halves
-  static constexpr uint32_t kOnes = 0x3c003c00u;   // 1.0 in both halves
-  static constexpr uint32_t kMagicInt = 1024;      // the magic's value
-  // The scale-after-mma path puts nibbles at bits 4..7 of each half: 1024 + 16q (see ScaleAfterMma)
-  static constexpr int kNibbleShift = 4;
-
-  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  static __device__ __forceinline__ T2 pack(float lo, float hi) { return __floats2half2_rn(lo, hi); }
-  static __device__ __forceinline__ float2 unpack(T2 v) { return __half22float2(v); }
-  static __device__ __forceinline__ float low(uint32_t pair) { return __low2float(bit_cast<T2>(pair)); }
-  static __device__ __forceinline__ float high(uint32_t pair) { return __high2float(bit_cast<T2>(pair)); }
-};
-
-template <>
-struct Dtype<__nv_bfloat16> {
-  using T2 = __nv_bfloat162;
-  static constexpr uint32_t kMagic = 0x43004300u;  // 128.0 in both halves
-  static constexpr uint32_t kOnes = 0x3f803f80u;   // 1.0 in both halves
-  static constexpr uint32_t kMagicInt = 128;
-  static constexpr int kNibbleShift = 0;  // 7 mantissa bits: the nibble must sit at bits 0..3
-
-  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  static __device__ __forceinline__ T2 pack(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
-  static __device__ __forceinline__ float2 unpack(T2 v) { return __bfloat1622float2(v); }
-  // bf16 -> fp32 is a shift of the bits into the high half
-  static __device__ __forceinline__ float low(uint32_t pair) { return __uint_as_float(pair << 16); }
-  static __device__ __forceinline__ float high(uint32_t pair) { return __uint_as_float(pair & 0xffff0000u); }
-};
-
-// The zero-point word of a symmetric weight: every nibble 8.
-constexpr uint32_t kSymmetricZeros = 0x88888888u;
-
-// Scale of subtile s as (scale, scale), from the lane's 8 scales (4 words of 2).
-__device__ __forceinline__ uint32_t broadcast_scale(const uint32_t (&scales)[4], int s) {
-  return __byte_perm(scales[s / 2], 0, (s % 2) ? 0x3232 : 0x1010);
-}
-
-// The lane's constants for one quantization group: scale and zero point of each of its 8 subtiles.
-template <typename T>
-struct GroupConstants;
-
-template <>
-struct GroupConstants<half> {
-  half2 scale[8];
-  half2 zero_low[8];   // 1024 + z: subtracted from low-nibble pairs, which hold 1024 + q
-  half2 zero_high[8];  // -(64 + z): added to high-nibble pairs (1024 + 16q) after their 1/16 scaling
-
-  __device__ __forceinline__ void load(uint4 s, uint2 z) {
-    const uint32_t words[4] = {s.x, s.y, s.z, s.w};
-    const half2 k960 = bit_cast<half2>(0x63806380u);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      scale[i] = bit_cast<half2>(broadcast_scale(words, i));
-      const uint32_t zw = (i < 4 ? z.x : z.y) >> (4 * (i % 4));
-      zero_low[i] = bit_cast<half2>(mask_or(zw, 0x000f000fu, Dtype<half>::kMagic));
-      zero_high[i] = __hsub2(k960, zero_low[i]);
-    }
-  }
-
-  // Word j of a lane's tile -> B fragments {b0b1, b2b3} of subtile 2j, then of subtile 2j + 1.
-  __device__ __forceinline__ void dequant(uint32_t q, int j, uint32_t (&b)[4]) const {
-    const half2 sixteenth = bit_cast<half2>(0x2c002c00u);
-    const uint32_t low0 = mask_or(q, 0x000f000fu, Dtype<half>::kMagic);
-    const uint32_t high0 = mask_or(q, 0x00f000f0u, Dtype<half>::kMagic);
-    q >>= 8;
-    const uint32_t low1 = mask_or(q, 0x000f000fu, Dtype<half>::kMagic);
-    const uint32_t high1 = mask_or(q, 0x00f000f0u, Dtype<half>::kMagic);
-    const int s0 = 2 * j, s1 = 2 * j + 1;
-    b[0] = bit_cast<uint32_t>(__hmul2(__hsub2(bit_cast<half2>(low0), zero_low[s0]), scale[s0]));
-    b[1] = bit_cast<uint32_t>(__hmul2(__hfma2(bit_cast<half2>(high0), sixteenth, zero_high[s0]), scale[s0]));
-    b[2] = bit_cast<uint32_t>(__hmul2(__hsub2(bit_cast<half2>(low1), zero_low[s1]), scale[s1]));
-    b[3] = bit_cast<uint32_t>(__hmul2(__hfma2(bit_cast<half2>(high1), sixteenth, zero_high[s1]), scale[s1]));
-  }
-};
-
-template <>
-struct GroupConstants<__nv_bfloat16> {
-  __nv_bfloat162 scale[8];
-  __nv_bfloat162 zero[8];  // 128 + z: subtracted from the pairs, which hold 128 + q
-
-  __device__ __forceinline__ void load(uint4 s, uint2 z) {
-    const uint32_t words[4] = {s.x, s.y, s.z, s.w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      scale[i] = bit_cast<__nv_bfloat162>(broadcast_scale(words, i));
-      const uint32_t zw = (i < 4 ? z.x : z.y) >> (4 * (i % 4));
-      zero[i] = bit_cast<__nv_bfloat162>(mask_or(zw, 0x000f000fu, Dtype<__nv_bfloat16>::kMagic));
-    }
-  }
-
-  __device__ __forceinline__ void dequant(uint32_t q, int j, uint32_t (&b)[4]) const {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int s = 2 * j + i / 2;
-      const uint32_t biased = mask_or(q >> (4 * i), 0x000f000fu, Dtype<__nv_bfloat16>::kMagic);
-      b[i] = bit_cast<uint32_t>(__hmul2(__hsub2(bit_cast<__nv_bfloat162>(biased), zero[s]), scale[s]));
-    }
-  }
-};
 
 // The scale-after-mma path, for one row block (decode) and groups of at least 64 rows. Dequantizing
 // a pair costs a shift and a lop3 and nothing else: the mma takes the biased codes B0 + u*q (the
@@ -316,19 +137,6 @@ struct Tile {
   static_assert(kSmemBytes <= kSmemBudget, "tile does not fit in shared memory");
 };
 
-struct GemmArgs {
-  const uint4* x;        // [M, K/8]
-  const uint4* qweight;  // [K/16, N/64, 32]
-  const uint4* scales;   // [G, N/8]
-  const uint2* zeros;    // [G, N/8] or nullptr (symmetric)
-  const void* bias;      // [N] or nullptr
-  void* out;             // [M, N]
-  float4* partial;       // fp32 partial sums of columns cut between blocks
-  int32_t* locks;        // one per column
-  int M, K, N;
-  int group_shift;       // log2(group_size), or -1 for one group over all of K
-  int units_per_block;
-};
 
 // A block's position in its stripe of units, ordered (n tile, row chunk, k tile) with k fastest.
 // Advanced by counting, so the main loop does no integer division.
@@ -621,27 +429,14 @@ __global__ void __launch_bounds__(Tile<MB, TK, TN>::kThreads, 1) marlin_gemm_ker
   cp_async_wait<0>();
 }
 
-int sm_count() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    return 0;
-  return sms;
-}
-
 template <typename T, int MB, int TK, int TN, bool kScaleAfter, bool kHasZeros>
-const char* launch_kernel(GemmArgs args, cudaStream_t stream) {
+const char* launch_kernel(GemmArgs args, int sms, cudaStream_t stream) {
   using C = Tile<MB, TK, TN>;
-  const int sms = sm_count();
-  if (sms < 1) return "marlin: could not read the GPU's multiprocessor count";
   auto kernel = marlin_gemm_kernel<T, MB, TK, TN, kScaleAfter, kHasZeros>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   // Blocks wait for each other (the column locks), so all of them must be resident at once: one
-  // block per SM, and the tile must fit there.
-  int per_sm = 0;
-  if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, C::kThreads, C::kSmemBytes);
+  // block per SM, which the launch below asks for; a tile too large for this GPU fails here.
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   if (err != cudaSuccess) return cudaGetErrorString(err);
-  if (per_sm < 1) return "marlin: the kernel's tile does not fit on this GPU";
   const int chunks = (args.M + MB * 16 - 1) / (MB * 16);
   const int units = (args.N / TN) * chunks * (args.K / TK);
   args.units_per_block = (units + sms - 1) / sms;
@@ -652,9 +447,9 @@ const char* launch_kernel(GemmArgs args, cudaStream_t stream) {
 }
 
 template <typename T, int MB, int TK, int TN, bool kScaleAfter = false>
-const char* launch_gemm(const GemmArgs& args, cudaStream_t stream) {
-  return args.zeros ? launch_kernel<T, MB, TK, TN, kScaleAfter, true>(args, stream)
-                    : launch_kernel<T, MB, TK, TN, kScaleAfter, false>(args, stream);
+const char* launch_gemm(const GemmArgs& args, int sms, cudaStream_t stream) {
+  return args.zeros ? launch_kernel<T, MB, TK, TN, kScaleAfter, true>(args, sms, stream)
+                    : launch_kernel<T, MB, TK, TN, kScaleAfter, false>(args, sms, stream);
 }
 
 // Tile shape per row-block count, measured on an H200 (benchmarks/results/2026-11-30-marlin-decode.md).
@@ -664,33 +459,33 @@ const char* launch_gemm(const GemmArgs& args, cudaStream_t stream) {
 // scaling. More rows: 128 x 256 tiles for up to 32 rows, 64 x 256 beyond (each A tile feeds more
 // columns). Narrower tiles where N is not a multiple of 256; K or N is a multiple of 128.
 template <typename T, int MB>
-const char* dispatch_tile(const GemmArgs& args, cudaStream_t stream) {
+const char* dispatch_tile(const GemmArgs& args, int sms, cudaStream_t stream) {
   const int K = args.K, N = args.N;
   const bool k128 = K % 128 == 0, n256 = N % 256 == 0, n128 = N % 128 == 0;
   if constexpr (MB == 1) {
     if (args.group_shift != 5 && n128 && k128) {
-      if (K % 256 != 0) return launch_gemm<T, 1, 128, 128, true>(args, stream);
-      if (n256 && (N / 256) * (K / 256) >= 8 * sm_count()) return launch_gemm<T, 1, 256, 256, true>(args, stream);
-      return launch_gemm<T, 1, 256, 128, true>(args, stream);
+      if (K % 256 != 0) return launch_gemm<T, 1, 128, 128, true>(args, sms, stream);
+      if (n256 && (N / 256) * (K / 256) >= 8 * sms) return launch_gemm<T, 1, 256, 256, true>(args, sms, stream);
+      return launch_gemm<T, 1, 256, 128, true>(args, sms, stream);
     }
   }
   if constexpr (MB <= 2) {
-    if (!k128) return launch_gemm<T, MB, 64, 128>(args, stream);
-    if (n256) return launch_gemm<T, MB, 128, 256>(args, stream);
-    return n128 ? launch_gemm<T, MB, 128, 128>(args, stream) : launch_gemm<T, MB, 128, 64>(args, stream);
+    if (!k128) return launch_gemm<T, MB, 64, 128>(args, sms, stream);
+    if (n256) return launch_gemm<T, MB, 128, 256>(args, sms, stream);
+    return n128 ? launch_gemm<T, MB, 128, 128>(args, sms, stream) : launch_gemm<T, MB, 128, 64>(args, sms, stream);
   } else {
-    if (n256) return launch_gemm<T, MB, 64, 256>(args, stream);
-    return n128 ? launch_gemm<T, MB, 64, 128>(args, stream) : launch_gemm<T, MB, 128, 64>(args, stream);
+    if (n256) return launch_gemm<T, MB, 64, 256>(args, sms, stream);
+    return n128 ? launch_gemm<T, MB, 64, 128>(args, sms, stream) : launch_gemm<T, MB, 128, 64>(args, sms, stream);
   }
 }
 
 template <typename T>
-const char* dispatch_rows(const GemmArgs& args, cudaStream_t stream) {
+const char* dispatch_rows(const GemmArgs& args, int sms, cudaStream_t stream) {
   switch (row_blocks(args.M)) {
-    case 1: return dispatch_tile<T, 1>(args, stream);
-    case 2: return dispatch_tile<T, 2>(args, stream);
-    case 3: return dispatch_tile<T, 3>(args, stream);
-    default: return dispatch_tile<T, 4>(args, stream);
+    case 1: return dispatch_tile<T, 1>(args, sms, stream);
+    case 2: return dispatch_tile<T, 2>(args, sms, stream);
+    case 3: return dispatch_tile<T, 3>(args, sms, stream);
+    default: return dispatch_tile<T, 4>(args, sms, stream);
   }
 }
 
@@ -748,14 +543,41 @@ const char* check_shape(int K, int N, int group_size) {
 
 }  // namespace
 
+namespace litquant_marlin {
+
+DeviceInfo current_device() {
+  // Immutable facts, cached per device id: reading them costs microseconds, on every call otherwise.
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices];  // sms | major << 16 | minor << 24; 0 = not read yet
+  DeviceInfo info;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return info;
+  int packed = device < kMaxDevices ? cached[device].load(std::memory_order_relaxed) : 0;
+  if (packed == 0) {
+    if (cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&info.minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+      return DeviceInfo{};
+    packed = info.sms | (info.major << 16) | (info.minor << 24);
+    if (device < kMaxDevices) cached[device].store(packed, std::memory_order_relaxed);
+  }
+  info.sms = packed & 0xffff, info.major = (packed >> 16) & 0xff, info.minor = packed >> 24;
+  return info;
+}
+
+}  // namespace litquant_marlin
+
 extern "C" {
 
-int64_t litquant_marlin_partial_floats(int M, int N) {
+int64_t litquant_marlin_partial_floats(int M, int K, int N) {
+  const DeviceInfo device = current_device();
+  if (wgmma_serves(device, M, N)) return wgmma_partial_floats(device, M, K, N);
   const int rows = row_blocks(M) * 16;
   return (int64_t)((M + rows - 1) / rows) * rows * N;
 }
 
 int64_t litquant_marlin_lock_count(int M, int N) {
+  if (wgmma_serves(current_device(), M, N)) return 0;
   const int rows = row_blocks(M) * 16;
   return (int64_t)((M + rows - 1) / rows) * (N / 64);
 }
@@ -765,6 +587,8 @@ const char* litquant_marlin_gemm(const void* x, const int32_t* qweight, const vo
                                  int group_size, int is_bf16, cudaStream_t stream) {
   if (const char* bad = check_shape(K, N, group_size)) return bad;
   if (M <= 0) return nullptr;
+  const DeviceInfo device = current_device();
+  if (device.sms < 1) return "marlin: could not read the GPU's properties";
   GemmArgs args;
   args.x = static_cast<const uint4*>(x);
   args.qweight = reinterpret_cast<const uint4*>(qweight);
@@ -777,7 +601,9 @@ const char* litquant_marlin_gemm(const void* x, const int32_t* qweight, const vo
   args.M = M, args.K = K, args.N = N;
   args.group_shift = group_size == -1 ? -1 : group_size == 32 ? 5 : group_size == 64 ? 6 : 7;
   args.units_per_block = 0;
-  return is_bf16 ? dispatch_rows<__nv_bfloat16>(args, stream) : dispatch_rows<half>(args, stream);
+  if (wgmma_serves(device, M, N)) return wgmma_gemm(args, is_bf16, device, stream);
+  return is_bf16 ? dispatch_rows<__nv_bfloat16>(args, device.sms, stream)
+                 : dispatch_rows<half>(args, device.sms, stream);
 }
 
 const char* litquant_marlin_dequant(const int32_t* qweight, const void* scales, const int32_t* zeros, void* w, int K,

@@ -15,7 +15,7 @@ extern "C" {
 //   qweight: int32 [K/16, 2N];  scales: [G, N] in x's dtype, columns permuted;
 //   zeros: uint8 nibbles [G, N/2] (as int32 [G, N/4]) or NULL for symmetric weights (zero point 8).
 //   group_size: -1 (one group over K), 32, 64 or 128; G = ceil(K / group_size).
-//   partial: fp32 scratch of litquant_marlin_partial_floats(M, N) floats (any content).
+//   partial: fp32 scratch of litquant_marlin_partial_floats(M, K, N) floats (any content).
 //   locks: int32 [litquant_marlin_lock_count(M, N)], all zero; they are zero again when the kernel ends.
 // Needs K % 64 == 0, N % 64 == 0, and K or N a multiple of 128; M is any size >= 1.
 const char* litquant_marlin_gemm(const void* x, const int32_t* qweight, const void* scales,
@@ -23,8 +23,8 @@ const char* litquant_marlin_gemm(const void* x, const int32_t* qweight, const vo
                                  int32_t* locks, int M, int K, int N, int group_size, int is_bf16,
                                  cudaStream_t stream);
 
-// Floats of the `partial` scratch and ints of the `locks` workspace that a call with M rows needs.
-int64_t litquant_marlin_partial_floats(int M, int N);
+// Floats of the `partial` scratch and ints of the `locks` workspace that a call needs on the current GPU.
+int64_t litquant_marlin_partial_floats(int M, int K, int N);
 int64_t litquant_marlin_lock_count(int M, int N);
 
 // w[K, N] (row-major, x's dtype) = the dequantized weight, for the dense path of large M.

@@ -94,7 +94,8 @@ def _load(name: str, capability: Tuple[int, int]) -> Path:
     from torch.utils.cpp_extension import load as load_extension
 
     directory = build_directory(name, capability)
-    arch = f"{capability[0]}{capability[1]}"
+    # Hopper builds for sm_90a, whose wgmma instructions the plain sm_90 target lacks.
+    arch = f"{capability[0]}{capability[1]}" + ("a" if capability == (9, 0) else "")
     if not any(directory.glob(f"litquant_{name}*.so")):
         print(f"building {name} for sm_{arch} (first use, ~1 min)...", flush=True)
     directory.mkdir(parents=True, exist_ok=True)

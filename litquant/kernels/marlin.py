@@ -6,8 +6,11 @@ instructions with one 16-byte load, with nibbles interleaved for the exponent-tr
 scales and zero points permuted to match. act_order is handled by sorting the rows by group once at
 load and gathering the activation columns in the same order on each call.
 
-For many rows (M >= `dense_from_m`) the weight is dequantized once per call and multiplied by cuBLAS,
-which is then the faster way.
+The kernel has two tensor-core paths: mma.sync (csrc/marlin/marlin.cu, any GPU from sm_80) and, on
+Hopper past the decode sizes (M > 16, or > 32 for layers with many columns), wgmma
+(csrc/marlin/wgmma.cu); the op picks one per call. For many rows
+(M >= `dense_from_m`, by GPU) the weight is dequantized once per call and multiplied by cuBLAS, when
+that is the faster way.
 """
 from typing import ClassVar
 
@@ -123,10 +126,13 @@ class MarlinQuantLinear(QuantLinear):
     # multiples of 64, and when neither is a multiple of 128, K is padded with zero rows at load.
     k_multiple = 64
     n_multiple = 64
-    # From this many rows on, dequantize once + cuBLAS beats the fused kernel. Measured on an H200,
-    # Llama-2-70B MLP shapes, bf16 g128: fused 185 us at M=64 and 340 us at M=128; dequantize
+    # From this many rows on, dequantize once + cuBLAS beats the fused kernel. mma.sync, measured on
+    # an H200, Llama-2-70B MLP shapes, bf16 g128: fused 185 us at M=64 and 340 us at M=128; dequantize
     # (~140 us) + cuBLAS (138 us at M=128) ~ 280 us (benchmarks/results/2026-11-30-marlin-layers.log).
-    dense_from_m: ClassVar[int] = 128
+    mma_dense_from_m: ClassVar[int] = 128
+    # wgmma (Hopper), same shapes: fused 534 us against dense 646 us at M=256, 1899 against 1524 at
+    # M=1024 (70B-down and the 7B layers cross over at the same place); 512 lies between the two.
+    wgmma_dense_from_m: ClassVar[int] = 512
 
     @classmethod
     def unavailable(cls):
@@ -162,7 +168,9 @@ class MarlinQuantLinear(QuantLinear):
         self.register_buffer("qweight", repack_weight(codes.contiguous()))
         self.register_buffer("scales", permute_scales(scales).to(self.dtype))
         self.register_buffer("zeros", None if qw.sym else pack_zeros(zeros))
-        chunks = -(-(self.dense_from_m - 1) // ROWS_PER_PASS)
+        hopper = codes.is_cuda and torch.cuda.get_device_capability(codes.device) == (9, 0)
+        self.dense_from_m = self.wgmma_dense_from_m if hopper else self.mma_dense_from_m
+        chunks = -(-(self.mma_dense_from_m - 1) // ROWS_PER_PASS)  # locks of the mma.sync path
         self.register_buffer("locks", torch.zeros(chunks * (n // 64), dtype=torch.int32, device=codes.device))
         self.set_bias(qw.bias)
         if codes.is_cuda:

@@ -1,0 +1,239 @@
+// Device helpers shared by the marlin kernels (marlin.cu: mma.sync, any GPU from sm_80; wgmma.cu:
+// Hopper): PTX wrappers, the per-dtype mma and dequantization, the kernel arguments, and the GPU facts
+// that the launches need. The weight layout and the dequantization trick are described in marlin.cu.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include <cstring>
+
+namespace litquant_marlin {
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_address(dst)), "l"(src));
+}
+
+// Copies 16 bytes, or writes 16 zero bytes when `valid` is false (rows past M).
+__device__ __forceinline__ void cp_async16_or_zero(void* dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src),
+               "r"(src_bytes));
+}
+
+// p + offset (in uint4) as one mad.wide.u32, which runs on the FMA pipe; the 64-bit add the compiler
+// would emit takes two to four ALU instructions, and the ALU pipe is what limits the decode kernel.
+__device__ __forceinline__ const uint4* offset_by(const uint4* p, uint32_t offset) {
+  const uint4* r;
+  asm("mad.wide.u32 %0, %1, 16, %2;\n" : "=l"(r) : "r"(offset), "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+
+// (a & mask) | magic in one instruction: lop3 with lookup table (0xF0 & 0xCC) | 0xAA.
+__device__ __forceinline__ uint32_t mask_or(uint32_t a, uint32_t mask, uint32_t magic) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(a), "r"(mask), "r"(magic));
+  return r;
+}
+
+__device__ __forceinline__ int load_acquire(const int32_t* p) {
+  int v;
+  asm volatile("ld.global.acquire.gpu.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void store_release(int32_t* p, int v) {
+  asm volatile("st.global.release.gpu.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+template <typename To, typename From>
+__device__ __forceinline__ To bit_cast(From v) {
+  static_assert(sizeof(To) == sizeof(From), "bit_cast needs equal sizes");
+  To r;
+  memcpy(&r, &v, sizeof(To));
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per dtype: the mma instruction, the dequantization of one weight word, and output conversion
+// ---------------------------------------------------------------------------------------------
+template <typename T>
+struct Dtype;
+
+template <>
+struct Dtype<half> {
+  using T2 = half2;
+  static constexpr uint32_t kMagic = 0x64006400u;  // 1024.0 in both halves
+  static constexpr uint32_t kOnes = 0x3c003c00u;   // 1.0 in both halves
+  static constexpr uint32_t kMagicInt = 1024;      // the magic's value
+  // The scale-after-mma path puts nibbles at bits 4..7 of each half: 1024 + 16q (see ScaleAfterMma)
+  static constexpr int kNibbleShift = 4;
+
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ T2 pack(float lo, float hi) { return __floats2half2_rn(lo, hi); }
+  static __device__ __forceinline__ float2 unpack(T2 v) { return __half22float2(v); }
+  static __device__ __forceinline__ float low(uint32_t pair) { return __low2float(bit_cast<T2>(pair)); }
+  static __device__ __forceinline__ float high(uint32_t pair) { return __high2float(bit_cast<T2>(pair)); }
+};
+
+template <>
+struct Dtype<__nv_bfloat16> {
+  using T2 = __nv_bfloat162;
+  static constexpr uint32_t kMagic = 0x43004300u;  // 128.0 in both halves
+  static constexpr uint32_t kOnes = 0x3f803f80u;   // 1.0 in both halves
+  static constexpr uint32_t kMagicInt = 128;
+  static constexpr int kNibbleShift = 0;  // 7 mantissa bits: the nibble must sit at bits 0..3
+
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ T2 pack(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
+  static __device__ __forceinline__ float2 unpack(T2 v) { return __bfloat1622float2(v); }
+  // bf16 -> fp32 is a shift of the bits into the high half
+  static __device__ __forceinline__ float low(uint32_t pair) { return __uint_as_float(pair << 16); }
+  static __device__ __forceinline__ float high(uint32_t pair) { return __uint_as_float(pair & 0xffff0000u); }
+};
+
+// The zero-point word of a symmetric weight: every nibble 8.
+constexpr uint32_t kSymmetricZeros = 0x88888888u;
+
+// The constants of one weight word of a lane (subtiles 2j and 2j + 1, see the layout in marlin.cu):
+// the scale and zero point of each of the two subtiles, ready for the pair arithmetic.
+template <typename T>
+struct WordConstants;
+
+template <>
+struct WordConstants<half> {
+  half2 scale[2];
+  half2 zero_low[2];   // 1024 + z: subtracted from low-nibble pairs, which hold 1024 + q
+  half2 zero_high[2];  // -(64 + z): added to high-nibble pairs (1024 + 16q) after their 1/16 scaling
+
+  // scale_pair: (scale of subtile 2j, scale of 2j + 1); zero_bits: the zero of subtile 2j at nibbles 0
+  // and 4, that of 2j + 1 at nibbles 1 and 5.
+  __device__ __forceinline__ void load(uint32_t scale_pair, uint32_t zero_bits) {
+    const half2 k960 = bit_cast<half2>(0x63806380u);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      scale[i] = bit_cast<half2>(__byte_perm(scale_pair, 0, i ? 0x3232 : 0x1010));
+      zero_low[i] = bit_cast<half2>(mask_or(zero_bits >> (4 * i), 0x000f000fu, Dtype<half>::kMagic));
+      zero_high[i] = __hsub2(k960, zero_low[i]);
+    }
+  }
+
+  // The word -> B fragments {b0b1, b2b3} of subtile 2j, then of subtile 2j + 1.
+  __device__ __forceinline__ void dequant(uint32_t q, uint32_t (&b)[4]) const {
+    const half2 sixteenth = bit_cast<half2>(0x2c002c00u);
+    const uint32_t low0 = mask_or(q, 0x000f000fu, Dtype<half>::kMagic);
+    const uint32_t high0 = mask_or(q, 0x00f000f0u, Dtype<half>::kMagic);
+    q >>= 8;
+    const uint32_t low1 = mask_or(q, 0x000f000fu, Dtype<half>::kMagic);
+    const uint32_t high1 = mask_or(q, 0x00f000f0u, Dtype<half>::kMagic);
+    b[0] = bit_cast<uint32_t>(__hmul2(__hsub2(bit_cast<half2>(low0), zero_low[0]), scale[0]));
+    b[1] = bit_cast<uint32_t>(__hmul2(__hfma2(bit_cast<half2>(high0), sixteenth, zero_high[0]), scale[0]));
+    b[2] = bit_cast<uint32_t>(__hmul2(__hsub2(bit_cast<half2>(low1), zero_low[1]), scale[1]));
+    b[3] = bit_cast<uint32_t>(__hmul2(__hfma2(bit_cast<half2>(high1), sixteenth, zero_high[1]), scale[1]));
+  }
+};
+
+template <>
+struct WordConstants<__nv_bfloat16> {
+  __nv_bfloat162 scale[2];
+  __nv_bfloat162 zero[2];  // 128 + z: subtracted from the pairs, which hold 128 + q
+
+  __device__ __forceinline__ void load(uint32_t scale_pair, uint32_t zero_bits) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      scale[i] = bit_cast<__nv_bfloat162>(__byte_perm(scale_pair, 0, i ? 0x3232 : 0x1010));
+      zero[i] = bit_cast<__nv_bfloat162>(mask_or(zero_bits >> (4 * i), 0x000f000fu, Dtype<__nv_bfloat16>::kMagic));
+    }
+  }
+
+  __device__ __forceinline__ void dequant(uint32_t q, uint32_t (&b)[4]) const {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t biased = mask_or(q >> (4 * i), 0x000f000fu, Dtype<__nv_bfloat16>::kMagic);
+      b[i] = bit_cast<uint32_t>(__hmul2(__hsub2(bit_cast<__nv_bfloat162>(biased), zero[i / 2]), scale[i / 2]));
+    }
+  }
+};
+
+// The zero-point bits of word j (subtiles 2j, 2j + 1) from a lane's zero-point uint2, in which word w
+// holds the zeros of subtiles 4w..4w+3 at nibbles {s, s + 4}.
+__device__ __forceinline__ uint32_t word_zero_bits(uint2 z, int j) { return (j < 2 ? z.x : z.y) >> (8 * (j % 2)); }
+
+// The lane's constants for one quantization group: those of its 4 weight words (8 subtiles).
+template <typename T>
+struct GroupConstants {
+  WordConstants<T> word[4];
+
+  __device__ __forceinline__ void load(uint4 s, uint2 z) {
+    const uint32_t pairs[4] = {s.x, s.y, s.z, s.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) word[j].load(pairs[j], word_zero_bits(z, j));
+  }
+
+  // Word j of a lane's tile -> B fragments {b0b1, b2b3} of subtile 2j, then of subtile 2j + 1.
+  __device__ __forceinline__ void dequant(uint32_t q, int j, uint32_t (&b)[4]) const { word[j].dequant(q, b); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Kernel arguments and GPU facts
+// ---------------------------------------------------------------------------------------------
+struct GemmArgs {
+  const uint4* x;        // [M, K/8]
+  const uint4* qweight;  // [K/16, N/64, 32]
+  const uint4* scales;   // [G, N/8]
+  const uint2* zeros;    // [G, N/8] or nullptr (symmetric)
+  const void* bias;      // [N] or nullptr
+  void* out;             // [M, N]
+  float4* partial;       // fp32 scratch: columns cut between blocks (marlin.cu), k splits (wgmma.cu)
+  int32_t* locks;        // marlin.cu: one per column
+  int M, K, N;
+  int group_shift;       // log2(group_size), or -1 for one group over all of K
+  int units_per_block;   // marlin.cu: the stripe of each block
+};
+
+// The multiprocessor count and compute capability of the current GPU, read once per device.
+struct DeviceInfo {
+  int sms = 0;
+  int major = 0, minor = 0;
+};
+DeviceInfo current_device();
+
+// The Hopper path (wgmma.cu) for many rows. `wgmma_serves` says whether it takes this call (a Hopper
+// GPU, and M past the decode sizes); then `wgmma_partial_floats` is the fp32 scratch it needs and
+// `wgmma_gemm` runs it.
+bool wgmma_serves(const DeviceInfo& device, int M, int N);
+int64_t wgmma_partial_floats(const DeviceInfo& device, int M, int K, int N);
+const char* wgmma_gemm(const GemmArgs& args, bool is_bf16, const DeviceInfo& device, cudaStream_t stream);
+
+}  // namespace litquant_marlin

@@ -1,0 +1,487 @@
+// The marlin kernel's path for M > 16 on Hopper: the same 4-bit marlin layout as marlin.cu, the
+// tensor-core work on wgmma (sm_90a), which mma.sync cannot match there once M passes decode sizes.
+//
+// Facts from the PTX ISA (wgmma.mma_async, its register fragments, shared-memory matrix descriptors and
+// the 128-byte swizzle) and from public descriptions of Hopper mixed-input GEMMs (CUTLASS's sm90
+// collectives; vLLM's Machete: the quantized operand is dequantized into registers and fed as wgmma's
+// register operand); the code is our own.
+//
+// Orientation: wgmma takes its A operand from registers or shared memory, its B operand only from
+//   shared memory. The weight is dequantized in registers, so the kernel computes the transposed product
+//   out^T[N, M] = W^T[N, K] x^T[K, M]: A = W^T (64 output features x 16 k per instruction) and B = x^T,
+//   whose "K-major" shared layout is simply rows of x. One m64nBMk16 instruction multiplies 64 output
+//   features by the block's BM activation rows.
+// Weight fragments: the A fragment of warp w of a warpgroup (rows 16w..16w+15 of the 64) is laid out
+//   like mma.m16n8k16's A fragment. In the marlin layout, word j of a lane's uint4 (one 16 x 64 tile)
+//   dequantizes to the B fragments of subtiles 2j and 2j + 1, which together are exactly that A fragment
+//   for output features 16j..16j+15 of the tile: rows g (subtile 2j) and g + 8 (subtile 2j + 1), in the
+//   register order {b0b1 of 2j, b0b1 of 2j+1, b2b3 of 2j, b2b3 of 2j+1}. A warp reads two neighbouring
+//   words (8 bytes) of each lane's uint4, one per instruction (see `warp_tile`); the rows of an
+//   instruction are thus a known permutation of the output features, undone when the output is written.
+// Block tile: 256 output features (4 tiles of 64; warpgroup h takes tiles 2h and 2h + 1) x BM rows,
+//   over stages of 64 k. The activations of a stage, BM rows x 128 bytes, are stored with the 128-byte
+//   swizzle the B descriptor declares (16-byte chunk c of row r at chunk c ^ (r % 8), 1024-byte aligned
+//   atoms of 8 rows), so that the tensor cores read them without bank conflicts; the k16 steps inside
+//   the stage are the descriptor's start address moved by 32 bytes.
+// Pipeline: a ring of stages filled by the copy engine (TMA), issued by one thread: the activations
+//   through a tensor map (which applies the swizzle and zero-fills rows past M), weight words, scales and
+//   zero points by plain bulk copies, all counted on the stage's "full" mbarrier. Each step dequantizes
+//   its stage's weights into one of two register sets while the previous step's wgmmas still run,
+//   issues its own (8 per warpgroup), waits for the previous ones and releases their stage on its
+//   "empty" mbarrier. A first version filled the ring with cp.async from every thread; the copies'
+//   address arithmetic, the proxy fence that cp.async data needs before wgmma reads it, and the block
+//   barrier of every step cost 20-25% at large M (ncu: a third of the warps' time at the barrier).
+// Layers with fewer tiles than SMs are split along K; the splits write fp32 partial sums that a
+// second kernel adds up (with the bias). Otherwise the output goes through shared memory, to be written
+// in full 16-byte rows.
+#include <cuda.h>  // CUtensorMap (the driver function is looked up at run time: no link to libcuda)
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "common.cuh"
+
+// Built for GPUs other than sm_90a, the kernel's body is compiled out (it only traps), and the
+// front end would warn that the helpers it uses are unused.
+#pragma nv_diag_suppress 177
+
+namespace litquant_marlin {
+namespace {
+
+constexpr int kWgThreads = 256;  // two warpgroups
+constexpr int kWgN = 256;        // output features per block
+constexpr int kWgK = 64;         // k per stage: one 128-byte row of activations
+constexpr int kGroupM = 8;       // row tiles that sweep the column tiles together (L2 reuse at large M)
+
+template <int BM>
+struct WgTile {
+  static constexpr int kX = BM * 128;           // bytes of activations per stage
+  static constexpr int kW = kWgK * kWgN / 2;    // bytes of weights per stage: [k16][tile][lane] uint4
+  static constexpr int kScales = 2 * kWgN * 2;  // two group rows when groups are 32 long
+  static constexpr int kZeros = 2 * kWgN / 2;
+  static constexpr int kStage = (kX + kW + kScales + kZeros + 1023) / 1024 * 1024;  // swizzle atoms: 1024-aligned
+  static constexpr int kStages = (220 * 1024 - 1024) / kStage;  // as many as fit (8 to 15): latency hiding at small M
+  static constexpr int kOutRow = kWgN + 8;  // staged output row, padded so the fragment scatter hits all banks
+  static constexpr int kPipeBytes = kStages * kStage;
+  static constexpr int kOutBytes = BM * kOutRow * 2;
+  static constexpr int kSmemBytes = (kPipeBytes > kOutBytes ? kPipeBytes : kOutBytes) + 1024;  // + alignment
+  static constexpr int kAcc = BM / 2;  // fp32 accumulators per thread per instruction
+  static constexpr int kXCopies = BM * 8 / kWgThreads;
+  static_assert(kXCopies >= 1 && kXCopies * kWgThreads == BM * 8, "activation copies must split evenly");
+};
+
+// ---------------------------------------------------------------------------------------------
+// wgmma wrappers
+// ---------------------------------------------------------------------------------------------
+// Shared-memory matrix descriptor of a K-major operand with 128-byte swizzle: start address,
+// leading byte offset (unused with this swizzle: 1), stride byte offset 1024 (between 8-row atoms),
+// swizzle mode 1 in bits 62-63 (all addresses in units of 16 bytes).
+__device__ __forceinline__ uint64_t swizzled_descriptor(uint32_t address) {
+  return ((address & 0x3ffffu) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+// Orders this thread's generic-proxy accesses of shared memory (ld.shared) before later async-proxy
+// ones (the bulk copies that refill the stage).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// ---------------------------------------------------------------------------------------------
+// mbarriers and bulk copies (the Hopper copy engine: async proxy, completion counted in bytes)
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ void init_barrier(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count));
+}
+__device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void arrive_barrier(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+// Arrives, and adds `bytes` to what the barrier's current phase waits for.
+__device__ __forceinline__ void expect_bytes(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void wait_barrier(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(smem_address(bar)), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+// `bytes` (a multiple of 16) from global `src` to shared `dst`, counted on `bar`.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_address(dst)),
+               "l"(src), "r"(bytes), "r"(smem_address(bar))
+               : "memory");
+}
+// The box of the 2-D tensor map at (column k, row m) to shared `dst`, counted on `bar`.
+__device__ __forceinline__ void load_tile(void* dst, const CUtensorMap* map, int k, int m, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          smem_address(dst)),
+      "l"(map), "r"(k), "r"(m), "r"(smem_address(bar))
+      : "memory");
+}
+// Keeps the compiler from moving reads of an accumulator above the wgmma wait.
+__device__ __forceinline__ void fence_register(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+#define LQ_D4(d, o) "+f"(d[(o)]), "+f"(d[(o) + 1]), "+f"(d[(o) + 2]), "+f"(d[(o) + 3])
+#define LQ_D16(d, o) LQ_D4(d, o), LQ_D4(d, (o) + 4), LQ_D4(d, (o) + 8), LQ_D4(d, (o) + 12)
+#define LQ_D32(d, o) LQ_D16(d, o), LQ_D16(d, (o) + 16)
+#define LQ_D64(d, o) LQ_D32(d, o), LQ_D32(d, (o) + 32)
+#define LQ_A4(a) "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
+#define LQ_WGMMA_OPERANDS_64                                                                               \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
+#define LQ_WGMMA_OPERANDS_128                                                                              \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "  \
+  "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "  \
+  "%62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
+// scale-d is the predicate p (accumulate into d, or overwrite it): its operand follows the descriptor.
+#define LQ_WGMMA(N, TYPE, PRED)                                                                      \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" #PRED ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE \
+  "." TYPE " " LQ_WGMMA_OPERANDS_##N "}\n"
+
+// d[64 x N] = A[64 x 16] (this thread's fragment `a`, registers) * B[16 x N] (shared memory, `desc`),
+// plus d if `accumulate`; d is this thread's N / 2 accumulators. (Starting with accumulate = 0 rather
+// than zeroing d keeps ordinary instructions from writing the accumulators, which makes ptxas
+// serialize the wgmmas.)
+template <typename T, int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
+  if constexpr (N == 64) {
+    if constexpr (kBf16) asm volatile(LQ_WGMMA(64, "bf16", 37) : LQ_D32(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
+    else asm volatile(LQ_WGMMA(64, "f16", 37) : LQ_D32(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
+  } else {
+    static_assert(N == 128, "wgmma_rs is written for 64 and 128 columns");
+    if constexpr (kBf16) asm volatile(LQ_WGMMA(128, "bf16", 69) : LQ_D64(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
+    else asm volatile(LQ_WGMMA(128, "f16", 69) : LQ_D64(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
+  }
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v) {
+  if constexpr (std::is_same<T, half>::value) return __float2half_rn(v);
+  else return __float2bfloat16_rn(v);
+}
+
+template <typename T>
+__device__ __forceinline__ float to_float(T v) {
+  if constexpr (std::is_same<T, half>::value) return __half2float(v);
+  else return __bfloat162float(v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernel
+// ---------------------------------------------------------------------------------------------
+template <typename T, int BM, bool kHasZeros>
+__global__ void __launch_bounds__(kWgThreads, 1)
+    marlin_wgmma_kernel(const GemmArgs args, const __grid_constant__ CUtensorMap x_map, const int stages_per_split) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using C = WgTile<BM>;
+  __shared__ uint64_t full[C::kStages], empty[C::kStages];
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + (1024 - smem_address(smem_raw) % 1024) % 1024;
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wg = warp / 4, w = warp % 4;  // warpgroup, and warp in it
+  // Warp w of warpgroup wg reads words 2(w % 2) and 2(w % 2) + 1 of each lane's uint4 of tile
+  // 2 wg + w / 2 (8 bytes a lane: half the bank conflicts of one word), the first for instruction 0,
+  // the second for instruction 1. So each instruction's 64 rows are slices {i, 2 + i} of the
+  // warpgroup's two tiles, and the two instructions cover both tiles.
+  const int warp_tile = 2 * wg + w / 2, word0 = 2 * (w % 2);
+  const int M = args.M, K = args.K, N = args.N, shift = args.group_shift;
+  const int tiles64 = N / 64;
+
+  // This block's tile and k split. Tiles are ordered in groups of kGroupM row tiles that sweep the
+  // column tiles together (row tile fastest): the blocks running at once share weight tiles in L2,
+  // and a group's activations stay in L2 for its whole sweep.
+  const int m_tiles = (M + BM - 1) / BM, n_tiles = (N + kWgN - 1) / kWgN, tiles = m_tiles * n_tiles;
+  const int split = blockIdx.x / tiles, tile = blockIdx.x % tiles;
+  const int per_group = kGroupM * n_tiles, first_m = tile / per_group * kGroupM;
+  const int group_m = min(m_tiles - first_m, kGroupM);
+  const int mt = first_m + (tile % per_group) % group_m, nt = (tile % per_group) / group_m;
+  const int m0 = mt * BM, t0 = nt * 4;  // first row; first 64-column tile
+  const int stage_begin = split * stages_per_split;
+  const int stages = min(K / kWgK - stage_begin, stages_per_split);
+  const bool two_group_rows = shift == 5;  // groups of 32: two per stage
+
+  // The copies of a stage, all issued by thread 0 and tracked by the stage's "full" barrier: the
+  // activations by the tensor map (which swizzles them and zero-fills rows past M), the weight words
+  // (one 2 KB run per k16 step), the scales and the zero points by plain bulk copies; tiles past N
+  // are not copied.
+  const int valid_tiles = min(4, tiles64 - t0);
+  const int group_rows = two_group_rows ? 2 : 1;
+  const uint32_t stage_bytes = C::kX + valid_tiles * (4 * 512 + group_rows * (128 + (kHasZeros ? 64 : 0)));
+  auto fetch = [&](int s, int slot) {
+    uint8_t* st = smem + slot * C::kStage;
+    uint64_t* bar = &full[slot];
+    const int k0 = (stage_begin + s) * kWgK;
+    expect_bytes(bar, stage_bytes);
+    load_tile(st, &x_map, k0, m0, bar);
+    const uint4* gw = args.qweight + ((size_t)(k0 / 16) * tiles64 + t0) * 32;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) bulk_load(st + C::kX + kk * 2048, gw + (size_t)kk * tiles64 * 32, valid_tiles * 512, bar);
+    const int g0 = shift < 0 ? 0 : k0 >> shift;
+    for (int r = 0; r < group_rows; ++r) {
+      bulk_load(st + C::kX + C::kW + r * 512, args.scales + (size_t)(g0 + r) * (N / 8) + nt * 32, valid_tiles * 128, bar);
+      if (kHasZeros)
+        bulk_load(st + C::kX + C::kW + C::kScales + r * 256, args.zeros + (size_t)(g0 + r) * (N / 8) + nt * 32,
+                  valid_tiles * 64, bar);
+    }
+  };
+
+  // The A fragments of one stage for this thread: [instruction][k16 step][register].
+  using Fragments = uint32_t[2][4][4];
+  auto dequantize = [&](int slot, Fragments& a) {
+    const uint8_t* st = smem + slot * C::kStage;
+    const uint2* word_pairs = reinterpret_cast<const uint2*>(st + C::kX);
+    const uint32_t* scale_pairs = reinterpret_cast<const uint32_t*>(st + C::kX + C::kW);
+    const uint32_t* zero_words = reinterpret_cast<const uint32_t*>(st + C::kX + C::kW + C::kScales);
+    uint2 q[4];  // per k16 step: the words of instructions 0 and 1
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) q[kk] = word_pairs[((kk * 4 + warp_tile) * 32 + lane) * 2 + w % 2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      WordConstants<T> consts;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        if (kk == 0 || (kk == 2 && two_group_rows)) {
+          const int at = (kk / 2) * 32 + warp_tile * 8 + lane / 4;  // uint4 of scales / uint2 of zeros of column lane / 4
+          const uint32_t zeros = kHasZeros ? zero_words[at * 2 + w % 2] >> (8 * i) : kSymmetricZeros;
+          consts.load(scale_pairs[at * 4 + word0 + i], zeros);
+        }
+        uint32_t b[4];
+        consts.dequant(i ? q[kk].y : q[kk].x, b);
+        a[i][kk][0] = b[0], a[i][kk][1] = b[2], a[i][kk][2] = b[1], a[i][kk][3] = b[3];
+      }
+    }
+  };
+
+  float acc[2][C::kAcc];  // written first by the wgmmas of stage 0, which do not accumulate
+
+  auto issue = [&](int slot, const Fragments& a, bool first) {
+    const uint32_t x_tile = smem_address(smem + slot * C::kStage);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t desc = swizzled_descriptor(x_tile + kk * 32);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) wgmma_rs<T, BM>(acc[i], a[i][kk], desc, !first || kk > 0);
+    }
+    wgmma_commit();
+  };
+
+  // Stage s lives in slot s % kStages; its "full" barrier completes when its bytes have landed, its
+  // "empty" barrier when all threads are done with it (their wgmmas on it have completed). Thread 0
+  // refills a slot kAhead stages ahead; the slot's previous stage is then three steps back, so the
+  // warpgroups need not run in lockstep.
+  constexpr int kAhead = C::kStages - 3;
+  if (tid == 0) {
+    for (int i = 0; i < C::kStages; ++i) init_barrier(&full[i], 1), init_barrier(&empty[i], kWgThreads);
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (tid == 0)
+    for (int s = 0; s < kAhead && s < stages; ++s) fetch(s, s);
+  auto step = [&](int s, Fragments& a) {
+    const int slot = s % C::kStages;
+    if (tid == 0 && s + kAhead < stages) {
+      const int next = s + kAhead, next_slot = next % C::kStages;
+      if (next >= C::kStages) wait_barrier(&empty[next_slot], (next / C::kStages - 1) & 1);
+      fetch(next, next_slot);
+    }
+    wait_barrier(&full[slot], (s / C::kStages) & 1);
+    dequantize(slot, a);
+    issue(slot, a, s == 0);
+    wgmma_wait<1>();  // step s - 1's wgmmas are done: its registers and its stage are free
+    if (s > 0) {
+      fence_proxy_async();  // order this thread's reads of the stage (generic) before its refill (async)
+      arrive_barrier(&empty[(s - 1) % C::kStages]);
+    }
+  };
+  Fragments a_even, a_odd;  // two register sets, so the loop runs two steps per iteration
+#pragma unroll 1
+  for (int s = 0; s < stages; s += 2) {
+    step(s, a_even);
+    if (s + 1 < stages) step(s + 1, a_odd);
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < C::kAcc; ++j) fence_register(acc[i][j]);
+
+  // Accumulator j of instruction i: output feature 64 warp_tile + 16 (word0 + i) + lane / 4 (+ 8 for
+  // j % 4 >= 2) of the block, row 8 (j / 4) + 2 (lane % 4) (+ 1 for odd j).
+  const int g = lane / 4, row_in_8 = 2 * (lane % 4);
+  const bool tile_valid = t0 + warp_tile < tiles64;
+  if (gridDim.x > tiles) {  // split along K: fp32 partial sums of this split
+    float* partial = reinterpret_cast<float*>(args.partial) + (size_t)split * M * N;
+#pragma unroll
+    for (int i = 0; i < 2 && tile_valid; ++i) {
+      const int n = (t0 + warp_tile) * 64 + 16 * (word0 + i) + g;
+#pragma unroll
+      for (int j = 0; j < C::kAcc; ++j) {
+        const int m = m0 + 8 * (j / 4) + row_in_8 + j % 2;
+        if (m < M) partial[(size_t)m * N + n + 8 * (j % 4 / 2)] = acc[i][j];
+      }
+    }
+    return;
+  }
+  __syncthreads();  // every stage is consumed: the pipeline's shared memory is free for the output tile
+  T* staged = reinterpret_cast<T*>(smem);
+  const T* bias = static_cast<const T*>(args.bias);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int n = 64 * warp_tile + 16 * (word0 + i) + g;
+    const bool has_bias = bias != nullptr && tile_valid;
+    const float b_low = has_bias ? to_float(bias[t0 * 64 + n]) : 0.f;
+    const float b_high = has_bias ? to_float(bias[t0 * 64 + n + 8]) : 0.f;
+#pragma unroll
+    for (int j = 0; j < C::kAcc; ++j) {
+      const int high = j % 4 / 2;
+      staged[(8 * (j / 4) + row_in_8 + j % 2) * C::kOutRow + n + 8 * high] =
+          from_float<T>(acc[i][j] + (high ? b_high : b_low));
+    }
+  }
+  __syncthreads();
+  T* out = static_cast<T*>(args.out);
+  for (int idx = tid; idx < BM * 32; idx += kWgThreads) {  // 32 pieces of 16 bytes per row
+    const int r = idx / 32, c = idx % 32;
+    if (m0 + r < M && t0 + c / 8 < tiles64)
+      *reinterpret_cast<uint4*>(out + (size_t)(m0 + r) * N + t0 * 64 + c * 8) =
+          *reinterpret_cast<const uint4*>(staged + r * C::kOutRow + c * 8);
+  }
+#else
+  __trap();  // built without sm_90a: the host never launches it (wgmma_serves)
+#endif
+}
+
+// out = sum of the k splits' partials (+ bias), 4 columns per thread.
+template <typename T>
+__global__ void wgmma_sum_splits_kernel(const float4* partial, const T* bias, T* out, int64_t quads, int N,
+                                        int splits) {
+  using T2 = typename Dtype<T>::T2;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < quads; i += (int64_t)gridDim.x * blockDim.x) {
+    float4 s = partial[i];
+    for (int k = 1; k < splits; ++k) {
+      const float4 v = partial[k * quads + i];
+      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+    }
+    if (bias) {
+      const int n = (int)(i * 4 % N);
+      s.x += to_float(bias[n]), s.y += to_float(bias[n + 1]), s.z += to_float(bias[n + 2]), s.w += to_float(bias[n + 3]);
+    }
+    T2* o = reinterpret_cast<T2*>(out) + 2 * i;
+    o[0] = Dtype<T>::pack(s.x, s.y);
+    o[1] = Dtype<T>::pack(s.z, s.w);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side
+// ---------------------------------------------------------------------------------------------
+struct WgmmaPlan {
+  int bm;                // rows per block tile: 64 or 128
+  int tiles;             // row tiles x column tiles
+  int splits;            // k splits (1: no partial sums)
+  int stages_per_split;  // 64-k stages per split
+};
+
+WgmmaPlan plan_wgmma(int M, int K, int N, int sms) {
+  WgmmaPlan p;
+  p.bm = M <= 64 ? 64 : 128;
+  p.tiles = ((M + p.bm - 1) / p.bm) * ((N + kWgN - 1) / kWgN);
+  // Fewer tiles than SMs: split K so that every SM streams weight, each split 8 stages or more.
+  const int k_stages = K / kWgK;
+  const int splits = p.tiles >= sms ? 1 : std::max(1, std::min(sms / p.tiles, k_stages / 8));
+  p.stages_per_split = (k_stages + splits - 1) / splits;
+  p.splits = (k_stages + p.stages_per_split - 1) / p.stages_per_split;
+  return p;
+}
+
+// The tensor map of x [M, K] for the copy engine: boxes of BM rows x 64 columns (128 bytes), stored
+// with the 128-byte swizzle; rows past M read as zeros.
+template <typename T>
+const char* activation_map(CUtensorMap* map, const GemmArgs& args, int bm) {
+  // cuTensorMapEncodeTiled from the driver the runtime already loaded (the extension does not link libcuda).
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr) return "marlin: the CUDA driver has no cuTensorMapEncodeTiled";
+  const cuuint64_t dims[2] = {(cuuint64_t)args.K, (cuuint64_t)args.M};
+  const cuuint64_t row_stride[1] = {(cuuint64_t)args.K * sizeof(T)};
+  const cuuint32_t box[2] = {kWgK, (cuuint32_t)bm}, element_strides[2] = {1, 1};
+  const CUtensorMapDataType type =
+      std::is_same<T, half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUresult r = encode(map, type, 2, const_cast<uint4*>(args.x), dims, row_stride, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? nullptr : "marlin: cuTensorMapEncodeTiled refused the activations";
+}
+
+template <typename T, int BM, bool kHasZeros>
+const char* launch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, int sms, cudaStream_t stream) {
+  auto kernel = marlin_wgmma_kernel<T, BM, kHasZeros>;
+  constexpr int kSmem = WgTile<BM>::kSmemBytes;
+  CUtensorMap x_map;
+  if (const char* bad = activation_map<T>(&x_map, args, BM)) return bad;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  kernel<<<plan.tiles * plan.splits, kWgThreads, kSmem, stream>>>(args, x_map, plan.stages_per_split);
+  if (plan.splits > 1) {
+    const int64_t quads = (int64_t)args.M * args.N / 4;
+    const int grid = (int)std::min<int64_t>((quads + 255) / 256, 8 * sms);
+    wgmma_sum_splits_kernel<T><<<grid, 256, 0, stream>>>(args.partial, static_cast<const T*>(args.bias),
+                                                         static_cast<T*>(args.out), quads, args.N, plan.splits);
+  }
+  err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+template <typename T>
+const char* dispatch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, int sms, cudaStream_t stream) {
+  const bool z = args.zeros != nullptr;
+  switch (plan.bm) {
+    case 64: return z ? launch_wgmma<T, 64, true>(args, plan, sms, stream) : launch_wgmma<T, 64, false>(args, plan, sms, stream);
+    default: return z ? launch_wgmma<T, 128, true>(args, plan, sms, stream) : launch_wgmma<T, 128, false>(args, plan, sms, stream);
+  }
+}
+
+}  // namespace
+
+// Measured on an H200 (benchmarks/results/2026-11-30-wgmma.md): wgmma is faster from 17 rows on, except
+// on layers with many columns, where mma.sync keeps enough blocks busy up to 32 rows (M = 32: 70B-up
+// 138 us against 183, 7B-up 38 us against ~50; but 7B-down 20 us against 50, 70B-down 83 against 90).
+bool wgmma_serves(const DeviceInfo& device, int M, int N) {
+  return device.major == 9 && device.minor == 0 && M > (N <= 16384 ? 16 : 32);
+}
+
+int64_t wgmma_partial_floats(const DeviceInfo& device, int M, int K, int N) {
+  const WgmmaPlan plan = plan_wgmma(M, K, N, device.sms);
+  return plan.splits > 1 ? (int64_t)plan.splits * M * N : 0;
+}
+
+const char* wgmma_gemm(const GemmArgs& args, bool is_bf16, const DeviceInfo& device, cudaStream_t stream) {
+  const WgmmaPlan plan = plan_wgmma(args.M, args.K, args.N, device.sms);
+  return is_bf16 ? dispatch_wgmma<__nv_bfloat16>(args, plan, device.sms, stream)
+                 : dispatch_wgmma<half>(args, plan, device.sms, stream);
+}
+
+}  // namespace litquant_marlin
