@@ -67,8 +67,6 @@ struct WgTile {
   static constexpr int kOutBytes = BM * kOutRow * 2;
   static constexpr int kSmemBytes = (kPipeBytes > kOutBytes ? kPipeBytes : kOutBytes) + 1024;  // + alignment
   static constexpr int kAcc = BM / 2;  // fp32 accumulators per thread per instruction
-  static constexpr int kXCopies = BM * 8 / kWgThreads;
-  static_assert(kXCopies >= 1 && kXCopies * kWgThreads == BM * 8, "activation copies must split evenly");
 };
 
 // ---------------------------------------------------------------------------------------------
