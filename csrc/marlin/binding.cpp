@@ -48,7 +48,7 @@ void gemm_out(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& 
               "marlin: locks must hold ", litquant_marlin_lock_count(M, N), " int32 for M=", M);
   if (M == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
-  // cp.async reads 16-byte pieces: a view at an odd offset is copied first.
+  // cp.async and the copy engine read 16-byte pieces: a view at an odd offset is copied first.
   const at::Tensor xc = (x.is_contiguous() && aligned16(x)) ? x : x.contiguous().clone();
   const at::Tensor partial = at::empty({litquant_marlin_partial_floats(M, K, N)}, x.options().dtype(at::kFloat));
   const char* err = litquant_marlin_gemm(

@@ -137,7 +137,6 @@ struct Tile {
   static_assert(kSmemBytes <= kSmemBudget, "tile does not fit in shared memory");
 };
 
-
 // A block's position in its stripe of units, ordered (n tile, row chunk, k tile) with k fastest.
 // Advanced by counting, so the main loop does no integer division.
 struct UnitCursor {
