@@ -21,7 +21,8 @@ Dequantization without int-to-float conversions
 
 Paths, picked per (device, dtype, N, K, M bucket) by timing the candidates once (`choose_config`)
     gemv     one activation row per program, [BLOCK_N, 16] word tiles, fp32 FMAs on the CUDA cores, split-K over
-             chunks for occupancy: decode (M = 1..4), memory bound.
+             chunks for occupancy, chunks streamed through a cp.async pipeline: decode (M = 1..4), memory bound.
+             Fields are read as denormal floats (`_field_product`): one AND and one FMA per weight.
     mma      tensor cores: out^T = W @ x^T for a [BLOCK_N, BLOCK_M] tile, per chunk one K = 16 dot per field, the
              dequantized weights being the register operand; split-K when the tiles alone do not fill the GPU,
              grouped tile order for L2 reuse at large M.
@@ -30,7 +31,8 @@ Paths, picked per (device, dtype, N, K, M bucket) by timing the candidates once 
     Split-K partial sums go to an fp32 buffer [SPLIT_K, M, N]; a second small kernel adds them, adds the bias
     and casts (deterministic, no atomics, no zero-filled workspace).
     Measured slower on an H200 and not kept (benchmarks/results/2026-11-30-triton-*.log): in gemv, prefetching
-    the next chunk into registers with a shift-free decode (AND/OR, then FADD); in mma, one K = ROWS dot per chunk
+    the next chunk into registers with a shift-free decode (AND/OR, then FADD), and (before the denormal decode)
+    fields masked into two mantissa windows under the exponent of 1.0; in mma, one K = ROWS dot per chunk
     on a [BLOCK_N, VALUES, 16] -> [BLOCK_N, ROWS] reshaped tile, also with x pre-permuted to the unpacked order
     (0.23-0.40x cuBLAS at M = 64..4096, either operand order). The dequant path is already at ~87% of its
     bandwidth bound (it must write 2 bytes per weight), so dequant + cuBLAS cannot pass ~0.5x of cuBLAS at
@@ -177,42 +179,45 @@ def _field_as_float(words, j: tl.constexpr, BITS: tl.constexpr):
     return (mantissa | 0x3F800000).to(tl.float32, bitcast=True)
 
 
+# x enters the gemv as x * 2**(X_EXPONENT - b) against a field decoded as q * 2**(b - 149) (`_field_product`):
+# every product is x * q * 2**(X_EXPONENT - 149), a normal fp32 for |x * q| >= 2**-77, and x * 2**X_EXPONENT
+# stays finite for |x| < 2**27.
+X_EXPONENT = 100
+
+
 @triton.jit
-def _windowed_field(words, j: tl.constexpr):
-    """4-bit field j masked into one of two mantissa windows without a shift of its own: odd fields go to bits
-    [12, 16) (fp32 value 1 + q / 2**11), even ones to [16, 20) (1 + q / 2**7). One shift of the word then serves
-    two fields, (1, 2) by << 8, (3, 4) by none, (5, 6) by >> 8, 0 and 7 by 16: 4 shifts and 8 AND/ORs a word
-    instead of 8 and 8, on the ALU pipe that bounds the gemv (ncu, H200). Exact; the smaller window only leaves
-    the q-part fewer bits next to the "1", about 2**-13 relative, far under 16-bit rounding."""
-    WINDOW: tl.constexpr = 12 if j % 2 == 1 else 16
-    SHIFT: tl.constexpr = WINDOW - 4 * j
+def _field_product(words, x, j: tl.constexpr, BITS: tl.constexpr, X_EXPONENT: tl.constexpr):
+    """x [WORDS] times field j of the int32 words [BLOCK_N, WORDS], as x * q * 2**(X_EXPONENT - 149).
+
+    The field is masked where it lies, b bits up, and read as the bits of a denormal fp32: q * 2**(b - 149).
+    Fields that reach bit 23 (the exponent) are read after one shift of the word, shared by all of them (12
+    bits, 16 for 8-bit codes). So a field costs one AND: no OR with an exponent, no subtraction of it. x comes
+    in scaled by 2**(X_EXPONENT - b), which makes every product the same normal fp32 multiple of x * q; the FMAs
+    take denormal inputs at full rate and exactly (Triton does not flush fp32 denormals)."""
+    SHIFT: tl.constexpr = 0 if BITS * j + BITS <= 23 else (16 if BITS == 8 else 12)
+    b: tl.constexpr = BITS * j - SHIFT
     if SHIFT > 0:
-        moved = words << SHIFT
-    elif SHIFT < 0:
-        moved = words >> (-SHIFT)
-    else:
-        moved = words
-    return ((moved & (0xF << WINDOW)) | 0x3F800000).to(tl.float32, bitcast=True)
+        words = words >> SHIFT
+    field = (words & (((1 << BITS) - 1) << b)).to(tl.float32, bitcast=True)
+    return (x * 2.0 ** (X_EXPONENT - b))[None, :] * field
 
 
 @triton.jit
 def _gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr,
                  N, K, group_size, stride_xm, stride_om, stride_split,
                  BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, HAS_ZEROS: tl.constexpr,
-                 HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FINAL: tl.constexpr, WINDOWED: tl.constexpr,
-                 BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
+                 HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FINAL: tl.constexpr,
+                 X_EXPONENT: tl.constexpr, NUM_STAGES: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
     """out[row, n] (or split partial) for one activation row, BLOCK_N columns and one split of the chunks.
 
-    The accumulator stays [BLOCK_N, WORDS] (no reduction in the loop). With one group per chunk, the fields of a
-    word share their scale: sum_j x_j * f_j is scaled once per word, and the zero-point term once per chunk and
-    column. Field j decodes to f_j = 1 + q * 2**-e_j and its activation enters pre-scaled by 2**(e_j - E), so
-    partial = C + 2**-E * sum(x * q) with C = the sum of the scaled activations, the same for every column:
-    sum(x * (q - z)) = 2**E * (partial - C) + 2**BITS * (zeros + 1) * sum(x), as zeros = -(1 + z / 2**BITS).
-    E = BITS with `_field_as_float` (e_j = BITS); E = 7 with `_windowed_field` (WINDOWED: 4-bit, 16-bit x).
+    Per weight: one AND (`_field_product`) and one FMA with the pre-scaled activation. The zero point is
+    applied per word slot and chunk, sum(x * s * (q - z)) = s * sum(x * q) - s * z * sum(x), with the sums over
+    the chunk (or field, when the group is shorter than a chunk); the accumulator stays [BLOCK_N, WORDS] and is
+    reduced once at the end, so the loop has no cross-thread reduction. Each thread holds several columns, so
+    the activations it loads, converts and scales serve all of them. The chunks stream through a NUM_STAGES-deep
+    cp.async pipeline (`tl.range`): with 3 stages, 70B-up at M = 1 went from 113 to 82 us on an H200.
     """
     VALUES: tl.constexpr = 32 // BITS
-    E: tl.constexpr = 7 if WINDOWED else BITS
-    ZERO_SCALE: tl.constexpr = 0.125 if WINDOWED else 1.0  # 2**(BITS - E)
     ROWS: tl.constexpr = VALUES * WORDS
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -227,39 +232,30 @@ def _gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, 
     x_row = x_ptr + row * stride_xm
     tile = qweight_ptr + offs_n[:, None] * WORDS + offs_w[None, :]
     acc = tl.zeros([BLOCK_N, WORDS], tl.float32)
-    zero_term = tl.zeros([BLOCK_N], tl.float32)
-    for c in range(first, last):
+    ZERO_UNIT: tl.constexpr = 2.0 ** (X_EXPONENT - 149)  # acc holds x * q in units of 2**(X_EXPONENT - 149)
+    for c in tl.range(first, last, num_stages=NUM_STAGES):
         words = tl.load(tile + c * N * WORDS, mask=n_mask[:, None], other=0)
-        if GROUP_PER_CHUNK:
-            s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS, group_size, offs_n, n_mask, N, K, HAS_ZEROS)
-            partial = tl.zeros([BLOCK_N, WORDS], tl.float32)
-            x_sum = tl.zeros([WORDS], tl.float32)
-            x_const = tl.zeros([WORDS], tl.float32)
-            for j in tl.static_range(VALUES):
-                cols, k_mask = _activation_columns(perm_ptr, c * ROWS + j * WORDS + offs_w, K, HAS_PERM)
-                xj = tl.load(x_row + cols, mask=k_mask, other=0.0).to(tl.float32)
-                if WINDOWED:
-                    if j % 2 == 1:  # window [12, 16): 2**4 further down than [16, 20)
-                        xs = xj * 16.0
-                    else:
-                        xs = xj
-                    partial += xs[None, :] * _windowed_field(words, j)
+        for j in tl.static_range(VALUES):
+            cols, k_mask = _activation_columns(perm_ptr, c * ROWS + j * WORDS + offs_w, K, HAS_PERM)
+            xj = tl.load(x_row + cols, mask=k_mask, other=0.0).to(tl.float32)
+            product = _field_product(words, xj, j, BITS, X_EXPONENT)
+            if GROUP_PER_CHUNK:  # sum the chunk's fields, scale them once below
+                if j == 0:
+                    partial, x_sum = product, xj
                 else:
-                    xs = xj
-                    partial += xs[None, :] * _field_as_float(words, j, BITS)
-                x_sum += xj
-                x_const += xs
-            acc += s[:, None] * partial
-            zero_term += s * ((z + 1.0) * ZERO_SCALE * tl.sum(x_sum, 0) - tl.sum(x_const, 0))
-        else:
-            for j in tl.static_range(VALUES):
+                    partial += product
+                    x_sum += xj
+            else:
                 s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS + j * WORDS, group_size, offs_n, n_mask, N, K,
                                      HAS_ZEROS)
-                cols, k_mask = _activation_columns(perm_ptr, c * ROWS + j * WORDS + offs_w, K, HAS_PERM)
-                xj = tl.load(x_row + cols, mask=k_mask, other=0.0).to(tl.float32)
-                acc += (s[:, None] * xj[None, :]) * _field_as_float(words, j, BITS)
-                zero_term += s * z * tl.sum(xj, 0)
-    total = (tl.sum(acc, 1) + zero_term) * (1 << E)
+                acc += s[:, None] * product
+                # zeros = -(1 + z / 2**BITS), so (zeros + 1) * 2**BITS = -z
+                acc += (s * (z + 1.0) * ((1 << BITS) * ZERO_UNIT))[:, None] * xj[None, :]
+        if GROUP_PER_CHUNK:
+            s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS, group_size, offs_n, n_mask, N, K, HAS_ZEROS)
+            acc += s[:, None] * partial
+            acc += (s * (z + 1.0) * ((1 << BITS) * ZERO_UNIT))[:, None] * x_sum[None, :]
+    total = tl.sum(acc, 1) / ZERO_UNIT
     if FINAL:
         if HAS_BIAS:
             total += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
@@ -397,17 +393,20 @@ def candidate_configs(m: int, n: int, k: int, bits: int, device: torch.device) -
     """The configs worth timing for an [m, k] x [k, n] product, the untuned default first."""
     sms, chunks = _sm_count(device), -(-k // chunk_rows(bits))
 
-    def splits(tiles: int) -> Tuple[int, ...]:
-        """Split-K factors that bring tiles * split to about 2 and 4 programs per SM (powers of two)."""
+    def splits(tiles: int, finer: bool = False) -> Tuple[int, ...]:
+        """Split-K factors that bring tiles * split to about 2 and 4 programs per SM (powers of two), and 1
+        when `finer`."""
         want = -(-2 * sms // tiles)
         split = min(1 << (want - 1).bit_length(), chunks)
-        return tuple(sorted({split, min(2 * split, chunks)}))
+        return tuple(sorted({split, min(2 * split, chunks)} | ({max(1, split // 2)} if finer else set())))
 
     configs = []
     if m <= GEMV_MAX_M:
-        for block_n, warps in ((128, 4), (256, 4), (256, 8), (64, 4)):
-            configs += [KernelConfig("gemv", block_n=block_n, split_k=s, num_warps=warps)
-                        for s in splits(-(-n // block_n) * m)]
+        # Measured on an H200 (benchmarks/results/2026-11-30-triton-gemv.md): 256 columns on 4 warps (8 columns a
+        # thread) with a 3-stage cp.async pipeline wins on every Llama-2 layer; the others serve small N.
+        for block_n, warps, stages in ((256, 4, 3), (256, 4, 2), (128, 4, 3), (64, 4, 2)):
+            configs += [KernelConfig("gemv", block_n=block_n, split_k=s, num_warps=warps, num_stages=stages)
+                        for s in splits(-(-n // block_n) * m, finer=True)]
     block_m = min(max(16, m_bucket(m)), 128)
     if m <= 64:
         for block_n in (128, 64):
@@ -486,9 +485,8 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scales:
     flags.update(HAS_PERM=perm is not None, HAS_BIAS=bias is not None, FINAL=final, BLOCK_N=config.block_n,
                  num_warps=config.num_warps, num_stages=config.num_stages)
     if config.path == "gemv":
-        windowed = bits == 4 and flags["GROUP_PER_CHUNK"] and x.dtype != torch.float32
         _gemv_kernel[(triton.cdiv(n, config.block_n), config.split_k, m)](
-            *args, n, k, group, x.stride(0), n, m * n, WINDOWED=windowed, **flags)
+            *args, n, k, group, x.stride(0), n, m * n, X_EXPONENT=X_EXPONENT, NUM_STAGES=config.num_stages, **flags)
     else:
         # The interpreter computes bf16 tl.dot wrongly (triton 3.9); it gets the same values widened to fp32.
         dot_dtype = tl.float32 if INTERPRET else _TL_DTYPES[x.dtype]
