@@ -216,7 +216,7 @@ struct GemmArgs {
   const void* bias;      // [N] or nullptr
   void* out;             // [M, N]
   float4* partial;       // fp32 scratch: columns cut between blocks (marlin.cu), k splits (wgmma.cu)
-  int32_t* locks;        // marlin.cu: one per column
+  int32_t* locks;        // one per column (marlin.cu) or 64-column tile (gemv.cu), zero between calls
   int M, K, N;
   int group_shift;       // log2(group_size), or -1 for one group over all of K
   int units_per_block;   // marlin.cu: the stripe of each block
@@ -228,6 +228,12 @@ struct DeviceInfo {
   int major = 0, minor = 0;
 };
 DeviceInfo current_device();
+
+// The CUDA-core path (gemv.cu) for one activation row (and K a multiple of 128): `gemv_serves` says
+// whether it takes the call, `gemv_partial_floats` is the fp32 scratch it needs and `gemv_gemm` runs it.
+bool gemv_serves(int M, int K);
+int64_t gemv_partial_floats(const DeviceInfo& device, int K, int N);
+const char* gemv_gemm(const GemmArgs& args, bool is_bf16, const DeviceInfo& device, cudaStream_t stream);
 
 // The Hopper path (wgmma.cu) for many rows. `wgmma_serves` says whether it takes this call (a Hopper
 // GPU, and M past the decode sizes); then `wgmma_partial_floats` is the fp32 scratch it needs and
