@@ -5,6 +5,7 @@ import torch
 
 from litquant.formats import QuantizedWeight
 from litquant.formats.common import default_g_idx, num_groups
+from litquant.kernels import select_kernel
 from litquant.kernels.base import LayerSpec
 from litquant.kernels.marlin import MarlinQuantLinear, pack_zeros, permute_scales, repack_weight
 from litquant.kernels.torch_dequant import TorchQuantLinear
@@ -239,6 +240,16 @@ def check_rows(qw: QuantizedWeight, dtype: torch.dtype, rows, fused_up_to: int =
             assert not out.isnan().any(), f"{path}: NaN in the output, M={m}"
             err = relative_error(out, expected)
             assert err < TOLERANCE[dtype], f"{path}: relative error {err:.2e} at M={m}"
+
+
+@pytest.mark.gpu
+def test_gpu_auto_picks_marlin_for_the_layers_it_takes():
+    """`auto` takes the fastest kernel: marlin for 4-bit layers it supports (building it if needed), triton for
+    the rest."""
+    four_bit = [("mlp.fc", LayerSpec(4096, 11008, 4, 128, False, True))]
+    assert select_kernel("auto", four_bit, torch.device("cuda"), torch.bfloat16) is MarlinQuantLinear
+    eight_bit = [("mlp.fc", LayerSpec(4096, 11008, 8, 128, False, True))]
+    assert select_kernel("auto", eight_bit, torch.device("cuda"), torch.bfloat16).name == "triton"
 
 
 @pytest.mark.gpu

@@ -189,6 +189,26 @@ def test_unsupported_kernel_fails_before_loading_weights(quantized, monkeypatch)
         load_model(quantized, device="cpu", kernel="nope")
 
 
+def test_auto_moves_past_a_kernel_whose_build_fails(quantized, monkeypatch):
+    import litquant.kernels as registry
+    from litquant.kernels.torch_dequant import TorchQuantLinear
+
+    class BuildFails(TorchQuantLinear):
+        name = "buildfails"
+
+        @classmethod
+        def prepare(cls, device):
+            return "the CUDA build failed: nvcc exited with 1"
+
+    monkeypatch.setitem(registry.REGISTRY, "buildfails", "tests_fake:BuildFails")
+    monkeypatch.setitem(sys.modules, "tests_fake", type(sys)("tests_fake"))
+    sys.modules["tests_fake"].BuildFails = BuildFails
+    monkeypatch.setattr(registry, "AUTO_ORDER", ("buildfails", "torch"))
+    with pytest.warns(UserWarning, match="kernel 'auto': skipping buildfails: the CUDA build failed"):
+        model = load_model(quantized, device="cpu", kernel="auto")
+    assert {type(m) for m in model.model.modules() if isinstance(m, registry.QuantLinear)} == {TorchQuantLinear}
+
+
 def test_quantize_validates_the_kernel_before_any_work(tiny_llama_checkpoint, tmp_path, monkeypatch):
     import litquant.kernels as registry
     from litquant.kernels.torch_dequant import TorchQuantLinear

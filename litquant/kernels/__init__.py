@@ -4,19 +4,22 @@ Classes are imported lazily, so a kernel whose dependencies are missing (triton,
 costs nothing until it is asked for, and `litquant kernels` can say why it is unavailable.
 """
 import importlib
+import warnings
 from typing import Dict, Iterable, List, Optional, Tuple, Type
 
 import torch
 
 from litquant.kernels.base import LayerSpec, QuantLinear
 
-# name -> "module:Class". Order is the `auto` preference: the fastest first, the reference last.
+# name -> "module:Class".
 REGISTRY: Dict[str, str] = {
     "marlin": "litquant.kernels.marlin:MarlinQuantLinear",
     "triton": "litquant.kernels.triton_kernel:TritonQuantLinear",
     "torch": "litquant.kernels.torch_dequant:TorchQuantLinear",
 }
-AUTO_ORDER: Tuple[str, ...] = ("triton", "marlin", "torch")
+# The `auto` preference: the fastest first (measured on an H200, marlin is ahead of triton at every M:
+# benchmarks/results/2026-11-30-kernels-v5.md and -v4.md), the reference last.
+AUTO_ORDER: Tuple[str, ...] = ("marlin", "triton", "torch")
 
 
 class KernelNotSupported(ValueError):
@@ -48,14 +51,18 @@ def first_problem(cls: Type[QuantLinear], specs: Iterable[Tuple[str, LayerSpec]]
 
 def select_kernel(name: str, specs: List[Tuple[str, LayerSpec]], device: torch.device,
                   dtype: torch.dtype) -> Type[QuantLinear]:
-    """The kernel class for `name` ('auto' picks the first that supports every layer), or raise
+    """The kernel class for `name` ('auto' picks the first of AUTO_ORDER that supports every layer and gets
+    ready here: a CUDA build that fails moves on to the next), or raise
     `KernelNotSupported` naming the reason and the kernels that would work."""
     device = torch.device(device)
     if name == "auto":
         for candidate in AUTO_ORDER:
             cls = kernel_class(candidate)
             if device.type in (cls.auto_devices or cls.devices) and first_problem(cls, specs, device, dtype) is None:
-                return cls
+                problem = cls.prepare(device)
+                if problem is None:
+                    return cls
+                warnings.warn(f"kernel 'auto': skipping {candidate}: {problem}")
         name = "torch"
     cls = kernel_class(name)
     problem = first_problem(cls, specs, device, dtype)

@@ -49,6 +49,11 @@ class QuantLinear(nn.Module):
         return None
 
     @classmethod
+    def prepare(cls, device: torch.device) -> Optional[str]:
+        """Make the kernel ready to run on `device` (compiled kernels build here); why it cannot be, else None."""
+        return None
+
+    @classmethod
     def unsupported_settings(cls, spec: LayerSpec) -> Optional[str]:
         """Why this kernel cannot run a layer quantized as `spec`, on any machine; else None."""
         if spec.bits not in cls.bits:

@@ -140,6 +140,14 @@ class MarlinQuantLinear(QuantLinear):
     def unavailable(cls):
         return build.unavailable_reason(cls.name)
 
+    @classmethod
+    def prepare(cls, device):
+        try:
+            load_ops(device)
+        except (build.BuildError, RuntimeError, OSError) as e:  # torch's builder raises RuntimeError
+            return f"the CUDA build failed: {e}"
+        return None
+
     def load_quantized(self, qw: QuantizedWeight) -> None:
         if qw.bits != 4:
             raise ValueError(f"marlin supports 4-bit weights, not {qw.bits}-bit")
