@@ -203,6 +203,13 @@ def _field_product(words, x, j: tl.constexpr, BITS: tl.constexpr, X_EXPONENT: tl
 
 
 @triton.jit
+def _zero_point_term(s, zeros, BITS: tl.constexpr, UNIT: tl.constexpr):
+    """-s * z per column as [BLOCK_N, 1], in the gemv's accumulator units (UNIT): the stored zeros are
+    -(1 + z / 2**BITS), so (zeros + 1) * 2**BITS = -z."""
+    return (s * (zeros + 1.0) * ((1 << BITS) * UNIT))[:, None]
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr,
                  N, K, group_size, stride_xm, stride_om, stride_split,
                  BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, HAS_ZEROS: tl.constexpr,
@@ -249,12 +256,11 @@ def _gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, 
                 s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS + j * WORDS, group_size, offs_n, n_mask, N, K,
                                      HAS_ZEROS)
                 acc += s[:, None] * product
-                # zeros = -(1 + z / 2**BITS), so (zeros + 1) * 2**BITS = -z
-                acc += (s * (z + 1.0) * ((1 << BITS) * ZERO_UNIT))[:, None] * xj[None, :]
+                acc += _zero_point_term(s, z, BITS, ZERO_UNIT) * xj[None, :]
         if GROUP_PER_CHUNK:
             s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS, group_size, offs_n, n_mask, N, K, HAS_ZEROS)
             acc += s[:, None] * partial
-            acc += (s * (z + 1.0) * ((1 << BITS) * ZERO_UNIT))[:, None] * x_sum[None, :]
+            acc += _zero_point_term(s, z, BITS, ZERO_UNIT) * x_sum[None, :]
     total = tl.sum(acc, 1) / ZERO_UNIT
     if FINAL:
         if HAS_BIAS:
