@@ -199,7 +199,7 @@ def test_contract():
 # GPU: outputs against the torch reference kernel
 # ------------------------------------------------------------------------------------------------
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2}  # ||out - ref|| / ||ref||
-ROWS = (1, 3, 16, 17, 64, 255, 256, 1024, 4096)
+ROWS = (1, 2, 3, 8, 16, 17, 64, 255, 256, 1024, 4096)
 LLAMA_SHAPES = [(4096, 12288), (4096, 11008), (11008, 4096), (8192, 28672), (4096, 14336)]
 SMALL_SHAPES = [(64, 64), (128, 192), (192, 320), (576, 960), (320, 128), (256, 384), (384, 256)]
 
@@ -286,8 +286,8 @@ def test_gpu_small_shapes(shape, group_size):
 @pytest.mark.parametrize("shape", [(4096, 11008), (8192, 28672), (384, 256)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_gpu_fused_paths_are_as_accurate_as_the_reference(dtype, group_size, sym, shape):
     """Against the exact product (fp64), no fused path's error may exceed the torch reference's by more than
-    10%: decode (M <= 16) multiplies the biased codes and applies zero point and scale per group after the
-    mma; larger M dequantizes per pair, on mma.sync or (Hopper, M > 32) wgmma."""
+    10%: M = 1 multiplies the codes in fp32 and applies zero point and scale per group after the sums; larger
+    M dequantizes per pair, on mma.sync (decode.cu up to 16 rows, marlin.cu) or (Hopper, M > 32) wgmma."""
     qw = random_quantized_weight(*shape, group_size, sym=sym, act_order=False, device="cuda")
     module, ref = marlin_module(qw, dtype), torch_reference(qw, dtype)
     g = qw.g_idx.long()

@@ -1,6 +1,7 @@
-// Device helpers shared by the marlin kernels (marlin.cu: mma.sync, any GPU from sm_80; wgmma.cu:
-// Hopper): PTX wrappers, the per-dtype mma and dequantization, the kernel arguments, and the GPU facts
-// that the launches need. The weight layout and the dequantization trick are described in marlin.cu.
+// Device helpers shared by the marlin kernels (marlin.cu: mma.sync, any GPU from sm_80; decode.cu: up
+// to 16 rows, any GPU from sm_80; wgmma.cu: Hopper): PTX wrappers, the per-dtype mma and
+// dequantization, the kernel arguments, and the GPU facts that the launches need. The weight layout
+// and the dequantization trick are described in marlin.cu.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,8 +19,13 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_address(dst)), "l"(src));
+__device__ __forceinline__ void cp_async16(uint32_t smem_dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) { cp_async16(smem_address(dst), src); }
+// The same through L1 (.ca): for data that other blocks on the SM read at about the same time.
+__device__ __forceinline__ void cp_async16_via_l1(uint32_t smem_dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(smem_dst), "l"(src));
 }
 
 // Copies 16 bytes, or writes 16 zero bytes when `valid` is false (rows past M).
@@ -44,11 +50,12 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem_src) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(p)));
+               : "r"(smem_src));
 }
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) { ldmatrix_x4(r, smem_address(p)); }
 
 // (a & mask) | magic in one instruction: lop3 with lookup table (0xF0 & 0xCC) | 0xAA.
 __device__ __forceinline__ uint32_t mask_or(uint32_t a, uint32_t mask, uint32_t magic) {
@@ -85,10 +92,6 @@ template <>
 struct Dtype<half> {
   using T2 = half2;
   static constexpr uint32_t kMagic = 0x64006400u;  // 1024.0 in both halves
-  static constexpr uint32_t kOnes = 0x3c003c00u;   // 1.0 in both halves
-  static constexpr uint32_t kMagicInt = 1024;      // the magic's value
-  // The scale-after-mma path puts nibbles at bits 4..7 of each half: 1024 + 16q (see ScaleAfterMma)
-  static constexpr int kNibbleShift = 4;
 
   static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -106,9 +109,6 @@ template <>
 struct Dtype<__nv_bfloat16> {
   using T2 = __nv_bfloat162;
   static constexpr uint32_t kMagic = 0x43004300u;  // 128.0 in both halves
-  static constexpr uint32_t kOnes = 0x3f803f80u;   // 1.0 in both halves
-  static constexpr uint32_t kMagicInt = 128;
-  static constexpr int kNibbleShift = 0;  // 7 mantissa bits: the nibble must sit at bits 0..3
 
   static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -216,7 +216,7 @@ struct GemmArgs {
   const void* bias;      // [N] or nullptr
   void* out;             // [M, N]
   float4* partial;       // fp32 scratch: columns cut between blocks (marlin.cu), k splits (wgmma.cu)
-  int32_t* locks;        // one per column (marlin.cu) or 64-column tile (gemv.cu), zero between calls
+  int32_t* locks;        // one per column (marlin.cu) or 64-column tile (decode.cu), zero between calls
   int M, K, N;
   int group_shift;       // log2(group_size), or -1 for one group over all of K
   int units_per_block;   // marlin.cu: the stripe of each block
@@ -229,11 +229,12 @@ struct DeviceInfo {
 };
 DeviceInfo current_device();
 
-// The CUDA-core path (gemv.cu) for one activation row (and K a multiple of 128): `gemv_serves` says
-// whether it takes the call, `gemv_partial_floats` is the fp32 scratch it needs and `gemv_gemm` runs it.
-bool gemv_serves(int M, int K);
-int64_t gemv_partial_floats(const DeviceInfo& device, int K, int N);
-const char* gemv_gemm(const GemmArgs& args, bool is_bf16, const DeviceInfo& device, cudaStream_t stream);
+// The decode path (decode.cu) for up to 16 activation rows (and K a multiple of 128): `decode_serves`
+// says whether it takes the call, `decode_partial_floats` is the fp32 scratch it needs and
+// `decode_gemm` runs it.
+bool decode_serves(int M, int K);
+int64_t decode_partial_floats(const DeviceInfo& device, int M, int K, int N);
+const char* decode_gemm(const GemmArgs& args, bool is_bf16, const DeviceInfo& device, cudaStream_t stream);
 
 // The Hopper path (wgmma.cu) for many rows. `wgmma_serves` says whether it takes this call (a Hopper
 // GPU, and M past the decode sizes); then `wgmma_partial_floats` is the fp32 scratch it needs and

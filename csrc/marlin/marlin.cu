@@ -19,9 +19,6 @@
 //   hmul2 applies the group scale. bf16 has only 7 mantissa bits: 128.0 (0x4300) | q = 128 + q for the
 //   low nibble only, so bf16 shifts the word by 4 for each pair instead. Both produce exactly the
 //   dequantized values of the reference kernel ((q - z) rounded once by the scale multiply).
-//   Decode (one row block) skips the subtract and the multiply: the mma takes the biased codes and
-//   zero point and scale are applied per group in fp32, after it (see ScaleAfterMma): a pair then
-//   costs one shift and one lop3.
 //
 // Scales: [G, N] in the activation dtype, permuted inside each 64-column tile so that lane l finds its
 //   8 scales (subtiles 0..7 of column l/4) in 16 contiguous bytes: position 8(c%8) + c/8 holds column c.
@@ -38,7 +35,7 @@
 //   A is read with ldmatrix from an XOR-swizzled tile (no bank conflicts).
 //
 // This file holds the mma.sync kernel (any GPU from sm_80), the dequantize kernel and the host entry
-// points; one activation row goes to the CUDA-core kernel (gemv.cu) when K is a multiple of 128, and
+// points; up to 16 activation rows go to the decode kernel (decode.cu) when K is a multiple of 128, and
 // on Hopper, calls past the decode sizes go to the wgmma kernel (wgmma.cu). Helpers shared by the
 // kernels are in common.cuh.
 #include "marlin.h"
@@ -52,61 +49,6 @@ using namespace litquant_marlin;
 
 // Row blocks of 16 per block tile: up to 64 rows in one pass over the weight.
 int row_blocks(int M) { return M >= 64 ? 4 : (M + 15) / 16; }
-
-// The scale-after-mma path, for one row block (decode) and groups of at least 64 rows. Dequantizing
-// a pair costs a shift and a lop3 and nothing else: the mma takes the biased codes B0 + u*q (the
-// nibble OR-ed into the magic B0 at bit position log2(u): 128 + q for bf16, 1024 + 16q for fp16,
-// exact in both) and accumulates, per group,
-//   acc_group = sum_k x_k (B0 + u q_k)   and   sum_x = sum_k x_k   (one extra mma against ones per k16),
-// so that the group's contribution is (scale / u) * (acc_group - (B0 + u z) * sum_x), added in fp32
-// once per group. This drops the subtract and the multiply of every pair (8 of a word's 15
-// instructions in bf16) for 2 fma per accumulator per group. Precision: products of fp16/bf16
-// values are exact in fp32, and the cancellation against (B0 + u z) * sum_x costs about
-// log2(B0 / (4u)) bits of the fp32 accumulator (5 for bf16; 4 for fp16, which is why its nibble
-// goes to bits 4..7 rather than 0..3), far below the output's precision.
-template <typename T>
-struct ScaleAfterMma {
-  static constexpr int kShift = Dtype<T>::kNibbleShift;
-  static constexpr float kInvStep = 1.f / (1 << kShift);  // 1/u
-
-  // Word j of a lane's tile -> the biased B fragments {b0b1, b2b3} of subtile 2j, then of 2j + 1.
-  static __device__ __forceinline__ void dequant(uint32_t q, uint32_t (&b)[4]) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {  // pair i = nibbles {i, i + 4}, moved to bit kShift of each half
-      const uint32_t moved = 4 * i >= kShift ? q >> (4 * i - kShift) : q << (kShift - 4 * i);
-      b[i] = mask_or(moved, 0x000f000fu << kShift, Dtype<T>::kMagic);
-    }
-  }
-
-  // acc += (scale / u) * (acc_group - (B0 + u z) * sum_x), then acc_group = sum_x = 0. The
-  // accumulators of lane l cover columns 2(l%4) + {0, 1} of each subtile; in the permuted scale
-  // layout, column i of the 8 subtiles is the uint4 at i (8 values), and in the zero layout the uint2 at i.
-  static __device__ __forceinline__ void add_group(float (&acc)[8][4], float (&acc_group)[8][4], float (&sum_x)[4],
-                                                   const uint4* scales, const uint2* zeros, int lane) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int i = 2 * (lane % 4) + h;
-      const uint4 sv = scales[i];
-      const uint32_t sw[4] = {sv.x, sv.y, sv.z, sv.w};
-      const uint2 zv = zeros ? zeros[i] : make_uint2(kSymmetricZeros, kSymmetricZeros);
-#pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        const float scale = (s % 2 ? Dtype<T>::high(sw[s / 2]) : Dtype<T>::low(sw[s / 2])) * kInvStep;
-        // B0 + u z as fp32 through the exponent trick: (2^23 + (B0 | u z)) - 2^23, as B0 > 16 u > u z
-        const uint32_t z = ((s < 4 ? zv.x : zv.y) >> (4 * (s % 4))) & 0xfu;
-        const float bias = __uint_as_float(0x4b000000u | Dtype<T>::kMagicInt | (z << kShift)) - 8388608.f;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {  // rows lane/4 and lane/4 + 8
-          float& g = acc_group[s][2 * r + h];
-          acc[s][2 * r + h] = fmaf(scale, fmaf(-bias, sum_x[2 * r], g), acc[s][2 * r + h]);
-          g = 0.f;
-        }
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) sum_x[i] = 0.f;
-  }
-};
 
 // ---------------------------------------------------------------------------------------------
 // Tile shapes
@@ -159,12 +101,9 @@ struct UnitCursor {
   __host__ __device__ int column(int chunks) const { return nt * chunks + chunk; }
 };
 
-// kScaleAfter: the scale-after-mma path (one row block, groups of 64 rows or more); else the
-// per-pair scaling, which takes any group size and any number of row blocks.
-template <typename T, int MB, int TK, int TN, bool kScaleAfter, bool kHasZeros>
+template <typename T, int MB, int TK, int TN, bool kHasZeros>
 __global__ void __launch_bounds__(Tile<MB, TK, TN>::kThreads, 1) marlin_gemm_kernel(const GemmArgs args) {
   using C = Tile<MB, TK, TN>;
-  static_assert(!kScaleAfter || MB == 1, "the scale-after-mma path is for one row block");
   using T2 = typename Dtype<T>::T2;
   extern __shared__ uint4 smem[];
 
@@ -237,14 +176,6 @@ __global__ void __launch_bounds__(Tile<MB, TK, TN>::kThreads, 1) marlin_gemm_ker
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[m][s][i] = 0.f;
 
-  float acc_group[8][4], sum_x[4];  // the scale-after-mma path's per-group sums
-#pragma unroll
-  for (int s = 0; s < 8; ++s)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc_group[s][i] = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) sum_x[i] = 0.f;
-
   // One unit: the warp's kK16PerWarp k16 steps. All shared-memory loads of the unit (weight words
   // and A fragments) are issued first so that their latencies overlap; the steps then only branch
   // where a new quantization group may start. Groups span at least two k16 steps, and a warp's
@@ -271,43 +202,22 @@ __global__ void __launch_bounds__(Tile<MB, TK, TN>::kThreads, 1) marlin_gemm_ker
         ldmatrix_x4(a[t][m], st + C::kB + row * (TK / 8) + (chunk ^ (row % 8)));
       }
     }
-    if constexpr (kScaleAfter) {
-      auto add_group = [&](int t) {
-        const int g = group_row_at(t) * (TN / 8);
-        ScaleAfterMma<T>::add_group(acc[0], acc_group, sum_x, st_scales + g, st_zeros ? st_zeros + g : nullptr, lane);
-      };
+    GroupConstants<T> consts;
 #pragma unroll
-      for (int t = 0; t < C::kK16PerWarp; ++t) {
-        if (t > 0 && group_starts_at(t)) add_group(t - 1);
-        const uint32_t words[4] = {q[t].x, q[t].y, q[t].z, q[t].w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          uint32_t b[4];
-          ScaleAfterMma<T>::dequant(words[j], b);
-          Dtype<T>::mma(acc_group[2 * j], a[t][0], b[0], b[1]);
-          Dtype<T>::mma(acc_group[2 * j + 1], a[t][0], b[2], b[3]);
-        }
-        Dtype<T>::mma(sum_x, a[t][0], Dtype<T>::kOnes, Dtype<T>::kOnes);
+    for (int t = 0; t < C::kK16PerWarp; ++t) {
+      if (group_starts_at(t)) {
+        const int g = group_row_at(t) * (TN / 8) + lane / 4;
+        consts.load(st_scales[g], st_zeros ? st_zeros[g] : make_uint2(kSymmetricZeros, kSymmetricZeros));
       }
-      add_group(C::kK16PerWarp - 1);
-    } else {
-      GroupConstants<T> consts;
+      const uint32_t words[4] = {q[t].x, q[t].y, q[t].z, q[t].w};
 #pragma unroll
-      for (int t = 0; t < C::kK16PerWarp; ++t) {
-        if (group_starts_at(t)) {
-          const int g = group_row_at(t) * (TN / 8) + lane / 4;
-          consts.load(st_scales[g], st_zeros ? st_zeros[g] : make_uint2(kSymmetricZeros, kSymmetricZeros));
-        }
-        const uint32_t words[4] = {q[t].x, q[t].y, q[t].z, q[t].w};
+      for (int j = 0; j < 4; ++j) {
+        uint32_t b[4];
+        consts.dequant(words[j], j, b);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          uint32_t b[4];
-          consts.dequant(words[j], j, b);
-#pragma unroll
-          for (int m = 0; m < MB; ++m) {
-            Dtype<T>::mma(acc[m][2 * j], a[t][m], b[0], b[1]);
-            Dtype<T>::mma(acc[m][2 * j + 1], a[t][m], b[2], b[3]);
-          }
+        for (int m = 0; m < MB; ++m) {
+          Dtype<T>::mma(acc[m][2 * j], a[t][m], b[0], b[1]);
+          Dtype<T>::mma(acc[m][2 * j + 1], a[t][m], b[2], b[3]);
         }
       }
     }
@@ -429,10 +339,10 @@ __global__ void __launch_bounds__(Tile<MB, TK, TN>::kThreads, 1) marlin_gemm_ker
   cp_async_wait<0>();
 }
 
-template <typename T, int MB, int TK, int TN, bool kScaleAfter, bool kHasZeros>
+template <typename T, int MB, int TK, int TN, bool kHasZeros>
 const char* launch_kernel(GemmArgs args, int sms, cudaStream_t stream) {
   using C = Tile<MB, TK, TN>;
-  auto kernel = marlin_gemm_kernel<T, MB, TK, TN, kScaleAfter, kHasZeros>;
+  auto kernel = marlin_gemm_kernel<T, MB, TK, TN, kHasZeros>;
   // Blocks wait for each other (the column locks), so all of them must be resident at once: one
   // block per SM, which the launch below asks for; a tile too large for this GPU fails here.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
@@ -446,29 +356,20 @@ const char* launch_kernel(GemmArgs args, int sms, cudaStream_t stream) {
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
-template <typename T, int MB, int TK, int TN, bool kScaleAfter = false>
+template <typename T, int MB, int TK, int TN>
 const char* launch_gemm(const GemmArgs& args, int sms, cudaStream_t stream) {
-  return args.zeros ? launch_kernel<T, MB, TK, TN, kScaleAfter, true>(args, sms, stream)
-                    : launch_kernel<T, MB, TK, TN, kScaleAfter, false>(args, sms, stream);
+  return args.zeros ? launch_kernel<T, MB, TK, TN, true>(args, sms, stream)
+                    : launch_kernel<T, MB, TK, TN, false>(args, sms, stream);
 }
 
 // Tile shape per row-block count, measured on an H200 (benchmarks/results/2026-11-30-marlin-decode.md).
-// One row block (M <= 16, decode) takes the scale-after-mma path with 256-row k tiles (8 k16 steps
-// per warp between barriers), 256 columns wide when that still gives every SM 8 or more tiles,
-// else 128 wide (smaller layers: finer stripes balance better); group size 32 keeps the per-pair
-// scaling. More rows: 128 x 256 tiles for up to 32 rows, 64 x 256 beyond (each A tile feeds more
-// columns). Narrower tiles where N is not a multiple of 256; K or N is a multiple of 128.
+// Up to 32 rows: 128 x 256 tiles (decode.cu takes M <= 16 when K is a multiple of 128); 64 x 256
+// beyond (each A tile feeds more columns). Narrower tiles where N is not a multiple of 256; K or N
+// is a multiple of 128.
 template <typename T, int MB>
 const char* dispatch_tile(const GemmArgs& args, int sms, cudaStream_t stream) {
   const int K = args.K, N = args.N;
   const bool k128 = K % 128 == 0, n256 = N % 256 == 0, n128 = N % 128 == 0;
-  if constexpr (MB == 1) {
-    if (args.group_shift != 5 && n128 && k128) {
-      if (K % 256 != 0) return launch_gemm<T, 1, 128, 128, true>(args, sms, stream);
-      if (n256 && (N / 256) * (K / 256) >= 8 * sms) return launch_gemm<T, 1, 256, 256, true>(args, sms, stream);
-      return launch_gemm<T, 1, 256, 128, true>(args, sms, stream);
-    }
-  }
   if constexpr (MB <= 2) {
     if (!k128) return launch_gemm<T, MB, 64, 128>(args, sms, stream);
     if (n256) return launch_gemm<T, MB, 128, 256>(args, sms, stream);
@@ -571,7 +472,7 @@ extern "C" {
 
 int64_t litquant_marlin_partial_floats(int M, int K, int N) {
   const DeviceInfo device = current_device();
-  if (gemv_serves(M, K)) return gemv_partial_floats(device, K, N);
+  if (decode_serves(M, K)) return decode_partial_floats(device, M, K, N);
   if (wgmma_serves(device, M, N)) return wgmma_partial_floats(device, M, K, N);
   const int rows = row_blocks(M) * 16;
   return (int64_t)((M + rows - 1) / rows) * rows * N;
@@ -602,7 +503,7 @@ const char* litquant_marlin_gemm(const void* x, const int32_t* qweight, const vo
   args.M = M, args.K = K, args.N = N;
   args.group_shift = group_size == -1 ? -1 : group_size == 32 ? 5 : group_size == 64 ? 6 : 7;
   args.units_per_block = 0;
-  if (gemv_serves(M, K)) return gemv_gemm(args, is_bf16, device, stream);
+  if (decode_serves(M, K)) return decode_gemm(args, is_bf16, device, stream);
   if (wgmma_serves(device, M, N)) return wgmma_gemm(args, is_bf16, device, stream);
   return is_bf16 ? dispatch_rows<__nv_bfloat16>(args, device.sms, stream)
                  : dispatch_rows<half>(args, device.sms, stream);

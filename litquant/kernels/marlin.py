@@ -6,11 +6,11 @@ instructions with one 16-byte load, with nibbles interleaved for the exponent-tr
 scales and zero points permuted to match. act_order is handled by sorting the rows by group once at
 load and gathering the activation columns in the same order on each call.
 
-One activation row (decode, M = 1; K a multiple of 128) is multiplied on the CUDA cores, in fp32, with
-the nibbles read as denormal floats (csrc/marlin/gemv.cu). Otherwise the kernel has two tensor-core
-paths: mma.sync (csrc/marlin/marlin.cu, any GPU from sm_80) and, on Hopper past the decode sizes
-(M > 16, or > 32 for layers with many columns), wgmma (csrc/marlin/wgmma.cu); the op picks one per
-call. For many rows
+Decode (M <= 16, K a multiple of 128) streams the weights straight into registers
+(csrc/marlin/decode.cu): one activation row on the CUDA cores, in fp32, with the nibbles read as denormal
+floats; 2..16 rows on mma.sync. Larger M takes mma.sync with a shared-memory pipeline
+(csrc/marlin/marlin.cu, any GPU from sm_80) or, on Hopper past the decode sizes (M > 16, or > 32 for
+layers with many columns), wgmma (csrc/marlin/wgmma.cu); the op picks one per call. For many rows
 (M >= `dense_from_m`, by GPU) the weight is dequantized once per call and multiplied by cuBLAS, when
 that is the faster way.
 """

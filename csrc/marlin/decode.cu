@@ -1,0 +1,378 @@
+// The marlin kernel's decode path: M = 1..16 activation rows (token-by-token decode, small batches,
+// speculative drafts), on the same 4-bit marlin layout as marlin.cu. At these sizes a layer is a
+// stream of weight bytes: what counts is the bytes in flight and the instructions per weight, so the
+// weights go from global memory straight into registers (no shared-memory staging, no block barriers
+// in the loop), at 16 warps per SM.
+//
+// One streaming loop, two ways to multiply:
+//   RowOnCudaCores (M = 1), in fp32. A nibble is masked where it lies in its word and read as the
+//     bits of a *denormal* fp32, q * 2^(b - 149) for a nibble at bit b, exactly; the activation it
+//     multiplies comes in scaled by 2^(kXExponent - b), so every product is the normal fp32
+//     x * q * 2^(kXExponent - 149), and the FMAs take the denormal operand at full rate (CUDA does not
+//     flush fp32 denormals unless built with -ftz=true, which this project never passes). Nibbles
+//     5..7 reach the exponent bits (23+): they are read from the word shifted right by 12, one shift
+//     for three. So a weight costs one lop3 (the AND) and one FFMA. At M = 1 an mma would waste 15 of
+//     its 16 rows. Scale and zero point per group in fp32, after the sums:
+//     acc_s += scale_s * partial_s - scale_s * z_s * sum_x (the lane's own rows; the 4 lanes of a
+//     column add up to all 16 rows of a tile).
+//   RowsOnTensorCores (M = 2..16): a lane's uint4 of a 16 x 64 tile *is* its B fragments of the 8
+//     n8 subtiles (the marlin layout); each word is dequantized per pair with the group's scale and
+//     zero point (GroupConstants, as in marlin.cu) and fed to two mma.m16n8k16. Each warp copies the
+//     activations of its next chunk (the M real rows of 128 k values) into its own shared-memory
+//     double buffer with cp.async, through L1: the blocks on an SM stream the same k ranges (their
+//     warp w takes the same chunks) at about the same time. ldmatrix reads the A fragments. (A
+//     fragments read straight from global memory cost 8 cache lines a load, as the rows are K apart:
+//     25-40% slower at M = 16, benchmarks/results/2026-11-30-marlin-decode-tc.md.)
+// Which activation a nibble multiplies (the CUDA-core path): lane l holds, in each 16 x 64 tile, rows
+//   2(l%4) + {0, 1, 8, 9} of columns 8s + l/4 (s = 0..7); word j holds subtiles 2j and 2j + 1, nibble
+//   p the value NIBBLE_ORDER[p] (marlin.py): nibbles 0, 1, 4, 5 belong to subtile 2j and rows +0, +8,
+//   +1, +9; nibbles 2, 3, 6, 7 to subtile 2j + 1, rows +0, +8, +1, +9.
+// Work split: a block of kWarps warps takes one 64-column tile and one of `splits` k ranges; its warps
+//   take consecutive 128-row chunks of that range. A warp streams its chunks through a ring of 8
+//   registers (uint4), each refilled with the next chunk's tile as soon as it is read: 4 KB a warp in
+//   flight, 64 KB an SM at 4 blocks. Warps add up through shared memory; with several splits, each
+//   block writes fp32 partial sums and the last block of a column tile to finish (counted on its
+//   lock, which it then resets to zero) adds them up and writes the output.
+#include "common.cuh"
+
+namespace litquant_marlin {
+namespace {
+
+constexpr int kWarps = 4;
+// Blocks resident per SM: __launch_bounds__ then allows 128 registers a thread. Measured on an H200,
+// 70B-up at M = 1: 67.8 us at 4 blocks against 76-79 us at 3 (159 registers).
+constexpr int kBlocksPerSm = 4;
+constexpr int kChunkTiles = 8;  // k16 tiles per chunk: 128 rows, 8 uint4 per lane
+constexpr int kMaxRows = 16;    // one m16 row block
+// Products are x * q * 2^-49: normal fp32 for |x q| >= 2^-77; and x * 2^100 is finite for |x| < 2^27.
+constexpr int kXExponent = 100;
+
+// 2^e for a normal exponent (-126 <= e <= 127); folded to a constant where e is one
+__device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) << 23); }
+__device__ __forceinline__ float unit() { return pow2(kXExponent - 149); }  // the value of 1 in the accumulators
+
+// Nibble p of a word: its bit position as read (p >= 5 from the word >> 12), and the activation it
+// multiplies: 0, 1, 2, 3 for rows +0, +1, +8, +9 of the lane's rows (odd nibbles: +8; p >= 4: +1).
+__host__ __device__ constexpr int nibble_bit(int p) { return p < 5 ? 4 * p : 4 * p - 12; }
+__host__ __device__ constexpr int nibble_x(int p) { return 2 * (p % 2) + p / 4; }
+
+// 16 bytes read once (not kept in L1), if `valid`; else nothing is read and the value is undefined.
+__device__ __forceinline__ uint4 load_streaming(const uint4* p, bool valid) {
+  uint4 r;
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+      " @p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p), "r"((int)valid));
+  return r;
+}
+
+// The (group, 64-column tile, lane/4) index of the permuted scales and of the zero points for `tile`.
+__device__ __forceinline__ size_t group_params_at(const GemmArgs& args, int tile, int column_tile, int lane) {
+  const int group = args.group_shift < 0 ? 0 : (tile * 16) >> args.group_shift;
+  return (size_t)group * (args.N / 8) + column_tile * 8 + lane / 4;
+}
+
+// Each way to multiply keeps its own accumulators and a warp's shared memory (Staging), and provides:
+// begin (before the warp's run of chunks), start_chunk, start_group / end_group (at the first and
+// the last tile of each quantization group), multiply_tile (one 16 x 64 weight tile, one uint4 a
+// lane; given the tile's index along K and its place in the chunk) and store (the warp's sums, as
+// plain values, into a [kRows][64] tile).
+template <typename T, bool kHasZeros>
+struct RowOnCudaCores {
+  static constexpr int kRows = 1;
+  struct Staging {};  // the activations come straight from global memory (L1)
+  const GemmArgs& args;
+  const int lane, column_tile;
+  float acc[8] = {}, partial[8] = {}, x_sum = 0.f;
+
+  __device__ RowOnCudaCores(const GemmArgs& a, int col, Staging&)
+      : args(a), lane(threadIdx.x % 32), column_tile(col) {}
+
+  __device__ __forceinline__ void begin(int, int) {}
+  __device__ __forceinline__ void start_chunk(int, int) {}
+  __device__ __forceinline__ void start_group(int) {}
+
+  // partial += the products of one tile; x_sum += its 4 activations of this lane.
+  __device__ __forceinline__ void multiply_tile(const uint4& w, int tile, int) {
+    const uint32_t* x = reinterpret_cast<const uint32_t*>(args.x) + tile * 8 + lane % 4;
+    const uint32_t pair_low = __ldg(x), pair_high = __ldg(x + 4);  // rows +0 +1, rows +8 +9
+    const float xv[4] = {Dtype<T>::low(pair_low), Dtype<T>::high(pair_low), Dtype<T>::low(pair_high),
+                         Dtype<T>::high(pair_high)};
+    x_sum += (xv[0] + xv[1]) + (xv[2] + xv[3]);
+    float xs[8];
+#pragma unroll
+    for (int p = 0; p < 8; ++p) xs[p] = xv[nibble_x(p)] * pow2(kXExponent - nibble_bit(p));
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t high = words[j] >> 12;
+#pragma unroll
+      for (int p = 0; p < 8; ++p) {
+        const uint32_t field = (p < 5 ? words[j] : high) & (0xfu << nibble_bit(p));
+        partial[2 * j + (p % 4) / 2] = fmaf(xs[p], __uint_as_float(field), partial[2 * j + (p % 4) / 2]);
+      }
+    }
+  }
+
+  // acc += scale * partial - scale * z * x_sum for the group of `tile`; then partial = x_sum = 0.
+  __device__ __forceinline__ void end_group(int tile) {
+    const size_t at = group_params_at(args, tile, column_tile, lane);
+    const uint4 s = __ldg(args.scales + at);
+    uint2 z = make_uint2(kSymmetricZeros, kSymmetricZeros);
+    if constexpr (kHasZeros) z = __ldg(args.zeros + at);
+    const uint32_t scale_pairs[4] = {s.x, s.y, s.z, s.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float scale = i % 2 ? Dtype<T>::high(scale_pairs[i / 2]) : Dtype<T>::low(scale_pairs[i / 2]);
+      const float zero = (float)(((i < 4 ? z.x : z.y) >> (4 * (i % 4))) & 0xf);
+      acc[i] = fmaf(scale, partial[i], acc[i]);
+      acc[i] = fmaf(-scale * zero * unit(), x_sum, acc[i]);
+      partial[i] = 0.f;
+    }
+    x_sum = 0.f;
+  }
+
+  // Row 0 of the tile: the 4 lanes of a column (l, l^1, l^2, l^3) hold its 4 row pairs of every tile.
+  __device__ __forceinline__ void store(float (&sums)[kRows][64]) {
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      float v = acc[s] + __shfl_xor_sync(0xffffffffu, acc[s], 1);
+      v += __shfl_xor_sync(0xffffffffu, v, 2);
+      if (lane % 4 == 0) sums[0][8 * s + lane / 4] = v / unit();
+    }
+  }
+};
+
+template <typename T, bool kHasZeros>
+struct RowsOnTensorCores {
+  static constexpr int kRows = kMaxRows;
+  // Per warp, two chunks of activations (double buffer): 16 rows x 16 uint4 (128 k values), rows
+  // padded to 17 uint4 so that the 8 rows an ldmatrix matrix reads fall in 8 different bank groups;
+  // a lane's ldmatrix address is then the same for every tile plus a constant offset.
+  static constexpr int kRowStride = 17;
+  struct Staging {
+    uint4 x[2][kMaxRows * kRowStride];
+  };
+  static constexpr uint32_t kBufferBytes = sizeof(Staging) / 2;
+  const GemmArgs& args;
+  const int lane, column_tile;
+  const uint32_t copy_to;    // shared address of the lane's first copy (row lane/16, k/8 = lane % 16), buffer 0
+  const uint32_t read_from;  // shared address of the lane's ldmatrix row for tile 0, buffer 0
+  int first = 0;
+  uint32_t a_chunk = 0;  // read_from in the current chunk's buffer
+  float acc[8][4] = {};  // subtile s: rows lane/4 + {0, 8} x columns 8s + 2(lane % 4) + {0, 1}
+  GroupConstants<T> group;
+
+  __device__ RowsOnTensorCores(const GemmArgs& a, int col, Staging& st)
+      : args(a),
+        lane(threadIdx.x % 32),
+        column_tile(col),
+        copy_to(smem_address(&st.x[0][(lane / 16) * kRowStride + lane % 16])),
+        // ldmatrix: lane l gives row l % 16 of the matrix l / 8 (a0..a3: rows 0-7 / 8-15 x k 0-7 / 8-15)
+        read_from(smem_address(&st.x[0][(lane % 16) * kRowStride + lane / 16])) {}
+
+  // Chunk c's activations into buffer b: the lane copies k values 8(lane % 16).. of rows lane/16 + 2i
+  // (rows past M are left as they are: an output row depends on its own A row only, and those
+  // outputs are never written).
+  __device__ __forceinline__ void copy_chunk(int c, int b) {
+    const int rows_left = args.M - lane / 16;  // rows 2i + lane/16 < M
+    const uint4* x = args.x + (size_t)(lane / 16) * (args.K / 8) + c * 16 + lane % 16;
+    const uint32_t to = copy_to + b * kBufferBytes;
+#pragma unroll
+    for (int i = 0; i < kMaxRows / 2; ++i, x += args.K / 4) {
+      if (2 * i < rows_left) cp_async16_via_l1(to + 2 * i * kRowStride * 16, x);
+    }
+    cp_async_commit();
+  }
+
+  __device__ __forceinline__ void begin(int first_chunk, int last_chunk) {
+    first = first_chunk;
+    if (first < last_chunk) copy_chunk(first, 0);
+  }
+
+  // Before chunk c: everyone is done with chunk c - 1's buffer, which now receives chunk c + 1;
+  // chunk c's copy has landed (for every lane, after the __syncwarp).
+  __device__ __forceinline__ void start_chunk(int c, int last_chunk) {
+    __syncwarp();
+    if (c + 1 < last_chunk) copy_chunk(c + 1, (c + 1 - first) & 1);
+    else cp_async_commit();  // an empty group keeps the count of the wait below
+    cp_async_wait<1>();
+    __syncwarp();
+    a_chunk = read_from + ((c - first) & 1) * kBufferBytes;
+  }
+
+  __device__ __forceinline__ void start_group(int tile) {
+    const size_t at = group_params_at(args, tile, column_tile, lane);
+    uint2 z = make_uint2(kSymmetricZeros, kSymmetricZeros);
+    if constexpr (kHasZeros) z = __ldg(args.zeros + at);
+    group.load(__ldg(args.scales + at), z);
+  }
+
+  __device__ __forceinline__ void end_group(int) {}
+
+  // Tile t of the current chunk.
+  __device__ __forceinline__ void multiply_tile(const uint4& w, int, int t) {
+    uint32_t a[4];
+    ldmatrix_x4(a, a_chunk + 32 * t);
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t b[4];
+      group.dequant(words[j], j, b);
+      Dtype<T>::mma(acc[2 * j], a, b[0], b[1]);
+      Dtype<T>::mma(acc[2 * j + 1], a, b[2], b[3]);
+    }
+  }
+
+  __device__ __forceinline__ void store(float (&sums)[kRows][64]) {
+#pragma unroll
+    for (int s = 0; s < 8; ++s)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sums[lane / 4 + 8 * (i / 2)][8 * s + 2 * (lane % 4) + i % 2] = acc[s][i];
+  }
+};
+
+// Chunks [first, last) of one 64-column tile, with a ring of kChunkTiles loads in flight: the
+// register of tile t is refilled with tile t of the next chunk as soon as it has been read, so a warp
+// always has 8 uint4 (4 KB) on the way, in 32 registers. No branches: the loads past `last` are
+// predicated off.
+template <int kGroupTiles, typename Multiplier>
+__device__ __forceinline__ void stream_chunks(Multiplier& math, const GemmArgs& args, int column_tile, int first,
+                                              int last) {
+  const uint4* column = args.qweight + column_tile * 32 + threadIdx.x % 32;
+  const uint32_t stride = args.N / 64 * 32;  // uint4 from a tile to the next k16 tile
+  uint32_t next = (uint32_t)first * kChunkTiles * stride;  // the next tile to load
+  uint4 ring[kChunkTiles];
+#pragma unroll
+  for (int t = 0; t < kChunkTiles; ++t, next += stride) ring[t] = load_streaming(offset_by(column, next), first < last);
+  math.begin(first, last);
+  for (int c = first; c < last; ++c) {
+    math.start_chunk(c, last);
+#pragma unroll
+    for (int t = 0; t < kChunkTiles; ++t, next += stride) {
+      const uint4 w = ring[t];
+      ring[t] = load_streaming(offset_by(column, next), c + 1 < last);
+      const int tile = c * kChunkTiles + t;
+      if (t % kGroupTiles == 0) math.start_group(tile);
+      math.multiply_tile(w, tile, t);
+      if ((t + 1) % kGroupTiles == 0) math.end_group(tile);
+    }
+  }
+}
+
+template <typename T, template <typename, bool> class Math, int kGroupTiles, bool kHasZeros>
+__global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) marlin_decode_kernel(const GemmArgs args, int splits) {
+  using Multiplier = Math<T, kHasZeros>;
+  __shared__ union {  // the warps' staging while they stream, then their sums
+    typename Multiplier::Staging staging[kWarps];
+    float sums[kWarps][Multiplier::kRows][64];
+  } shared;
+  __shared__ bool last_block;
+  const int column_tile = blockIdx.x, split = blockIdx.y, warp = threadIdx.x / 32, t = threadIdx.x;
+  const int chunks = args.K / (kChunkTiles * 16);
+  // warp w of split y takes the (y * kWarps + w)-th of splits * kWarps near-equal runs of chunks
+  const int runs = splits * kWarps, run = split * kWarps + warp;
+  {
+    Multiplier math(args, column_tile, shared.staging[warp]);
+    stream_chunks<kGroupTiles>(math, args, column_tile, chunks * run / runs, chunks * (run + 1) / runs);
+    __syncthreads();  // every warp is done with its staging
+    math.store(shared.sums[warp]);
+  }
+  __syncthreads();
+
+  // Thread t takes the column pairs i = t, t + 128, ... of the [M, 32] pairs of the tile.
+  const int pairs = args.M * 32;
+  const size_t row_pairs = args.N / 2;  // float2 / T2 in a row of the output
+  auto at = [&](int i) { return (size_t)(i / 32) * row_pairs + column_tile * 32 + i % 32; };
+  auto write = [&](int i, float2 total) {
+    using T2 = typename Dtype<T>::T2;
+    const int pair = column_tile * 32 + i % 32;
+    const float2 b = args.bias ? Dtype<T>::unpack(static_cast<const T2*>(args.bias)[pair]) : make_float2(0.f, 0.f);
+    static_cast<T2*>(args.out)[at(i)] = Dtype<T>::pack(total.x + b.x, total.y + b.y);
+  };
+  auto warp_sum = [&](int i) {
+    float2 total = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float* sums = &shared.sums[w][i / 32][2 * (i % 32)];
+      total.x += sums[0], total.y += sums[1];
+    }
+    return total;
+  };
+  if (splits == 1) {
+    for (int i = t; i < pairs; i += kWarps * 32) write(i, warp_sum(i));
+    return;
+  }
+  float2* partial = reinterpret_cast<float2*>(args.partial);
+  const size_t split_pairs = (size_t)args.M * row_pairs;
+  for (int i = t; i < pairs; i += kWarps * 32) partial[split * split_pairs + at(i)] = warp_sum(i);
+  __threadfence();
+  __syncthreads();
+  if (t == 0) last_block = atomicAdd(&args.locks[column_tile], 1) == splits - 1;
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();
+  for (int i = t; i < pairs; i += kWarps * 32) {
+    float2 total = make_float2(0.f, 0.f);
+    for (int y = 0; y < splits; ++y) {
+      const float2 v = __ldcg(partial + y * split_pairs + at(i));
+      total.x += v.x, total.y += v.y;
+    }
+    write(i, total);
+  }
+  if (t == 0) args.locks[column_tile] = 0;  // every split has arrived: ready for the next call
+}
+
+// Splits of K (powers of two): the fewest that give at least 60% of a wave of blocks and at most 16
+// chunks a warp, while each warp keeps 2 chunks or more. Measured on an H200 (bf16, g128, M = 1), the
+// best or within 5% of the best split on each Llama-2 7B/70B layer (benchmarks/results/2026-11-30-marlin-gemv.md).
+int decode_splits(const DeviceInfo& device, int K, int N) {
+  const int column_tiles = N / 64, chunks = K / (kChunkTiles * 16), wave = kBlocksPerSm * device.sms;
+  int splits = 1;
+  while ((10 * column_tiles * splits < 6 * wave || chunks > 16 * kWarps * splits) && chunks >= 4 * kWarps * splits)
+    splits *= 2;
+  return splits;
+}
+
+template <typename T, template <typename, bool> class Math, int kGroupTiles>
+const char* launch(const GemmArgs& args, int splits, cudaStream_t stream) {
+  const dim3 grid(args.N / 64, splits);
+  if (args.zeros)
+    marlin_decode_kernel<T, Math, kGroupTiles, true><<<grid, kWarps * 32, 0, stream>>>(args, splits);
+  else
+    marlin_decode_kernel<T, Math, kGroupTiles, false><<<grid, kWarps * 32, 0, stream>>>(args, splits);
+  const cudaError_t err = cudaGetLastError();
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+template <typename T, template <typename, bool> class Math>
+const char* dispatch_group(const GemmArgs& args, int splits, cudaStream_t stream) {
+  switch (args.group_shift) {  // a group every 2, 4 or 8 tiles (one group over K: every chunk)
+    case 5: return launch<T, Math, 2>(args, splits, stream);
+    case 6: return launch<T, Math, 4>(args, splits, stream);
+    default: return launch<T, Math, 8>(args, splits, stream);
+  }
+}
+
+template <typename T>
+const char* dispatch_rows(const GemmArgs& args, int splits, cudaStream_t stream) {
+  return args.M == 1 ? dispatch_group<T, RowOnCudaCores>(args, splits, stream)
+                     : dispatch_group<T, RowsOnTensorCores>(args, splits, stream);
+}
+
+}  // namespace
+
+bool decode_serves(int M, int K) { return M <= kMaxRows && K % (kChunkTiles * 16) == 0; }
+
+int64_t decode_partial_floats(const DeviceInfo& device, int M, int K, int N) {
+  const int splits = decode_splits(device, K, N);
+  return splits > 1 ? (int64_t)splits * M * N : 0;
+}
+
+const char* decode_gemm(const GemmArgs& args, bool is_bf16, const DeviceInfo& device, cudaStream_t stream) {
+  const int splits = decode_splits(device, args.K, args.N);
+  return is_bf16 ? dispatch_rows<__nv_bfloat16>(args, splits, stream) : dispatch_rows<half>(args, splits, stream);
+}
+
+}  // namespace litquant_marlin
