@@ -20,6 +20,7 @@ Writes kernels.json and kernels.md to --out-dir.
 import argparse
 import datetime
 import json
+import logging
 import math
 import statistics
 import sys
@@ -317,6 +318,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/kernels.py needs a CUDA GPU")
+    logging.basicConfig(format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("litquant.kernels.triton").setLevel(logging.DEBUG)  # the tuner's timings go into the log
     print(markdown(benchmark(args)))
 
 

@@ -107,6 +107,27 @@ def test_2_and_8_bit_match_reference(bits, case):
         check_against_references(qw, config, torch.bfloat16, ms=(1, 5))
 
 
+@pytest.mark.parametrize("config", [tk.KernelConfig("gemv", block_n=64, split_k=3),
+                                    tk.KernelConfig("mma", block_n=32, block_m=16, split_k=2)], ids=["gemv", "mma"])
+def test_split_k_counters_reset(config):
+    """The last program of a split tile sums the partials and resets its arrival counter: the counters are zero
+    after every call, and a second call (with a bias) over the same counters is right too."""
+    qw = random_quantized(256, 40, 4, 64, act_order=False, zero_point=True)
+    packed = tk.repack(qw)
+    assert packed.locks.numel() == tk.lock_count(40, DEVICE) and not packed.locks.any()
+    bias = torch.randn(40, device=DEVICE, dtype=torch.float16)
+    exact_weight = qw.dequantize(torch.float64)
+    for m, b in ((3, None), (2, bias)):
+        x = torch.randn(m, 256, device=DEVICE).to(torch.float16)
+        out = tk.quant_matmul(x, packed, bias=b, out=torch.full((m, 40), float("nan"), dtype=torch.float16,
+                                                                  device=DEVICE), config=config)
+        exact = x.double() @ exact_weight.t() + (0 if b is None else b.double())
+        assert relative_error(out, exact) <= TOLERANCE[torch.float16]
+        assert not packed.locks.any(), "split-K counters left non-zero"
+    with pytest.raises(ValueError, match="splits more output tiles than the 1 split-K counters given"):
+        tk.launch(config, x, packed.qweight, packed.scales, packed.zeros, None, None, packed.locks[:1], 4, 64, out)
+
+
 def test_packed_layout():
     """Field j of word (c, n, w) holds the code of sorted input row c*ROWS + 16*j + w (the layout contract)."""
     qw = random_quantized(256, 8, 4, 128, act_order=True, zero_point=True)

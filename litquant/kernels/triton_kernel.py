@@ -28,8 +28,8 @@ Paths, picked per (device, dtype, N, K, M bucket) by timing the candidates once 
              grouped tile order for L2 reuse at large M.
     dequant  `_dequant_kernel` writes the whole weight in the activation dtype (one [BLOCK_N, ROWS] tile per
              chunk), then cuBLAS: for large, compute-bound M.
-    Split-K partial sums go to an fp32 buffer [SPLIT_K, M, N]; a second small kernel adds them, adds the bias
-    and casts (deterministic, no atomics, no zero-filled workspace).
+    Split-K partial sums go to an fp32 buffer [SPLIT_K, M, N]; the last program of each output tile to finish
+    adds them up in split order (deterministic), adds the bias and casts (`_write_result`): one launch per matmul.
     Measured slower on an H200 and not kept (benchmarks/results/2026-11-30-triton-*.log): in gemv, prefetching
     the next chunk into registers with a shift-free decode (AND/OR, then FADD), and (before the denormal decode)
     fields masked into two mantissa windows under the exponent of 1.0; in mma, one K = ROWS dot per chunk
@@ -38,7 +38,9 @@ Paths, picked per (device, dtype, N, K, M bucket) by timing the candidates once 
     bandwidth bound (it must write 2 bytes per weight), so dequant + cuBLAS cannot pass ~0.5x of cuBLAS at
     M = 256: the large-M target needs a fused wgmma kernel, which Triton did not give here.
 """
+import logging
 import os
+import statistics
 import warnings
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -55,6 +57,7 @@ from litquant.kernels.ops import quant_linear_op
 
 # Triton decides at import (when `triton.jit` runs) whether kernels are compiled or interpreted on the CPU.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+log = logging.getLogger("litquant.kernels.triton")
 SUPPORTED_BITS = (2, 4, 8)
 WORDS_PER_CHUNK = 16
 NO_GROUP = 1 << 30  # the group size the kernels see for group_size -1: every row is in group 0
@@ -74,6 +77,7 @@ class PackedWeight:
     scales: torch.Tensor  # float16 [G, N]
     zeros: Optional[torch.Tensor]  # float16 [G, N], -(1 + z / 2**bits); None for symmetric weights
     perm: Optional[torch.Tensor]  # int32 [K]: sorted row k is input channel perm[k]; None without act_order
+    locks: torch.Tensor  # int32 split-K arrival counters (`new_locks`): zero between calls
     bits: int
     group_size: int
 
@@ -108,7 +112,7 @@ def repack(qw: QuantizedWeight) -> PackedWeight:
     if not qw.sym:
         zeros = (-(1.0 + qw.zeros.to(torch.float32) / 2**bits)).to(torch.float16)
     return PackedWeight(words.transpose(1, 2).contiguous(), qw.scales.to(torch.float16).contiguous(), zeros, perm,
-                        bits, group_size)
+                        new_locks(n, codes.device), bits, group_size)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -210,7 +214,43 @@ def _zero_point_term(s, zeros, BITS: tl.constexpr, UNIT: tl.constexpr):
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr,
+def _store_result(total, bias_ptr, out_ptr, offsets, bias_offsets, mask, HAS_BIAS: tl.constexpr):
+    """out[offsets] = total (+ bias[bias_offsets]), cast to out's dtype."""
+    if HAS_BIAS:
+        total += tl.load(bias_ptr + bias_offsets, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offsets, total.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _write_result(total, bias_ptr, out_ptr, partials_ptr, locks_ptr, lock, offsets, bias_offsets, mask, stride_split,
+                  HAS_BIAS: tl.constexpr, FINAL: tl.constexpr):
+    """Write the fp32 tile `total` of out[offsets]: directly when FINAL, else as this program's partial sum of a
+    K loop split over tl.num_programs(1) programs, the last of which to finish adds them all up and writes out.
+
+    The split-K reduction thus needs no second kernel (70B-qkv at M = 1: 22.8 -> 21.8 us on an H200). Arrival
+    is counted on locks[lock], one int32 per output tile that is zero between calls (the last program resets it):
+    a barrier, so every thread of this program has stored its partials, then one thread's acq_rel atomic; the
+    last program reads the partials through L2 (.cg), as its L1 may hold stale lines from an earlier call. The
+    sum runs over the splits in order, so the result does not depend on which program came last. (Loading
+    several splits per load, one L2 round trip for each, not one per split, gained nothing at M = 1 and made
+    the mma path at M = 16 up to 25% slower on an H200: benchmarks/results/2026-11-30-triton-split-reduce.log.)"""
+    if FINAL:
+        _store_result(total, bias_ptr, out_ptr, offsets, bias_offsets, mask, HAS_BIAS)
+    else:
+        split_k = tl.num_programs(1)
+        tl.store(partials_ptr + tl.program_id(1) * stride_split + offsets, total, mask=mask)
+        tl.debug_barrier()
+        if tl.atomic_add(locks_ptr + lock, 1, sem="acq_rel", scope="gpu") == split_k - 1:
+            total = tl.load(partials_ptr + offsets, mask=mask, other=0.0, cache_modifier=".cg")
+            for split in range(1, split_k):
+                total += tl.load(partials_ptr + split * stride_split + offsets, mask=mask, other=0.0,
+                                 cache_modifier=".cg")
+            _store_result(total, bias_ptr, out_ptr, offsets, bias_offsets, mask, HAS_BIAS)
+            tl.atomic_xchg(locks_ptr + lock, 0)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr, partials_ptr, locks_ptr,
                  N, K, group_size, stride_xm, stride_om, stride_split,
                  BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, HAS_ZEROS: tl.constexpr,
                  HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FINAL: tl.constexpr,
@@ -261,17 +301,13 @@ def _gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, 
             s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS, group_size, offs_n, n_mask, N, K, HAS_ZEROS)
             acc += s[:, None] * partial
             acc += _zero_point_term(s, z, BITS, ZERO_UNIT) * x_sum[None, :]
-    total = tl.sum(acc, 1) / ZERO_UNIT
-    if FINAL:
-        if HAS_BIAS:
-            total += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row * stride_om + offs_n, total.to(out_ptr.dtype.element_ty), mask=n_mask)
-    else:
-        tl.store(out_ptr + pid_k * stride_split + row * stride_om + offs_n, total, mask=n_mask)
+    _write_result(tl.sum(acc, 1) / ZERO_UNIT, bias_ptr, out_ptr, partials_ptr, locks_ptr,
+                  row * tl.num_programs(0) + pid_n, row * stride_om + offs_n, offs_n, n_mask, stride_split, HAS_BIAS,
+                  FINAL)
 
 
 @triton.jit
-def _mma_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr,
+def _mma_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr, partials_ptr, locks_ptr,
                 M, N, K, group_size, stride_xm, stride_om, stride_split,
                 BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, HAS_ZEROS: tl.constexpr,
                 HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FINAL: tl.constexpr,
@@ -321,14 +357,8 @@ def _mma_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, o
             xt = tl.load(x_rows + cols[:, None], mask=k_mask[:, None] & m_mask[None, :], other=0.0)
             w = _field_as_float(words, j, BITS) * s[:, None] + sz[:, None]  # the weight, s * (q - z)
             acc = tl.dot(w.to(DOT_DTYPE), xt.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
-    out_mask = n_mask[:, None] & m_mask[None, :]
-    if FINAL:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-        tl.store(out_ptr + offs_m[None, :] * stride_om + offs_n[:, None], acc.to(out_ptr.dtype.element_ty),
-                 mask=out_mask)
-    else:
-        tl.store(out_ptr + pid_k * stride_split + offs_m[None, :] * stride_om + offs_n[:, None], acc, mask=out_mask)
+    _write_result(acc, bias_ptr, out_ptr, partials_ptr, locks_ptr, pid, offs_m[None, :] * stride_om + offs_n[:, None],
+                  offs_n[:, None], n_mask[:, None] & m_mask[None, :], stride_split, HAS_BIAS, FINAL)
 
 
 @triton.jit
@@ -351,20 +381,6 @@ def _dequant_kernel(qweight_ptr, scales_ptr, zeros_ptr, w_ptr, N, K, group_size,
              mask=n_mask[:, None] & (k < K)[None, :])
 
 
-@triton.jit
-def _sum_splits_kernel(partials_ptr, bias_ptr, out_ptr, numel, N, split_k,
-                       HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-    """out = sum over splits of partials [split_k, M, N] (+ bias), cast to out's dtype."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
-    total = tl.zeros([BLOCK], tl.float32)
-    for s in range(split_k):
-        total += tl.load(partials_ptr + s * numel + offs, mask=mask, other=0.0)
-    if HAS_BIAS:
-        total += tl.load(bias_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=mask)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Launch, configs and tuning
 # ---------------------------------------------------------------------------------------------------------------
@@ -382,6 +398,8 @@ class KernelConfig:
 
 GEMV_MAX_M = 4
 TUNING_ROUNDS = 2
+TUNING_CALLS = 8  # calls per timed graph replay, at least
+TUNING_MAX_COPIES = 64  # of the weight while tuning (a layer that small is latency bound anyway)
 DEQUANT_MIN_M = 256
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 _TUNED: Dict[tuple, KernelConfig] = {}
@@ -389,6 +407,18 @@ _TUNED: Dict[tuple, KernelConfig] = {}
 
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def lock_count(n: int, device: torch.device) -> int:
+    """Split-K arrival counters that any config may need for N output columns: one per output tile that is split,
+    i.e. gemv's rows (<= GEMV_MAX_M) x column tiles (>= 64 wide), mma's tiles (one row tile up to M = 64, and fewer
+    tiles than SMs above it, where it splits)."""
+    return max(GEMV_MAX_M * -(-n // 64), _sm_count(device))
+
+
+def new_locks(n: int, device: torch.device) -> torch.Tensor:
+    """Zeroed split-K arrival counters for N output columns (the kernels leave them zeroed after each call)."""
+    return torch.zeros(lock_count(n, device), dtype=torch.int32, device=device)
 
 
 def m_bucket(m: int) -> int:
@@ -431,14 +461,28 @@ def candidate_configs(m: int, n: int, k: int, bits: int, device: torch.device) -
     return list(dict.fromkeys(configs))
 
 
+def _replay_seconds(graph: torch.cuda.CUDAGraph, replays: int = 5) -> float:
+    """Median seconds of one replay of `graph` (after a warm-up replay)."""
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return statistics.median(times)
+
+
 def tuned_configs() -> Dict[tuple, KernelConfig]:
     """The configs chosen so far, keyed by (device, dtype, M bucket, N, K, bits, group_size, zeros?, act_order?)."""
     return dict(_TUNED)
 
 
 def choose_config(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
-                  perm: Optional[torch.Tensor], bias: Optional[torch.Tensor], bits: int, group_size: int,
-                  out: torch.Tensor) -> KernelConfig:
+                  perm: Optional[torch.Tensor], bias: Optional[torch.Tensor], locks: torch.Tensor, bits: int,
+                  group_size: int, out: torch.Tensor) -> KernelConfig:
     """The fastest config for this call's (N, K, M bucket), timed once per process on the real tensors.
 
     Without timing (the interpreter, inside a CUDA-graph capture) the default candidate runs, and is not cached.
@@ -454,30 +498,45 @@ def choose_config(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     runs = []
     for config in candidates:  # compile them all first (and drop those that do not fit this GPU)
         try:
-            launch(config, x, qweight, scales, zeros, perm, bias, bits, group_size, out)
+            launch(config, x, qweight, scales, zeros, perm, bias, locks, bits, group_size, out)
             runs.append(config)
         except (OutOfResources, triton.CompilationError) as e:
             warnings.warn(f"triton kernel: skipping {config} for M={m} N={n} K={k}: {type(e).__name__}: {e}")
     if not runs:
         raise RuntimeError(f"triton kernel: no candidate config runs for M={m} N={n} K={k} on {x.device}")
-    # Timed in TUNING_ROUNDS interleaved rounds, keeping each config's best: in a single round, some configs read
-    # up to 2.5x too slow on an H200 and the pick was 2x slower than the best config
-    # (benchmarks/results/2026-11-30-triton-tuning.log).
+    # Timed as decode runs them: from a CUDA graph (the GPU's time only: timed eagerly, the ~20 us of Python per
+    # launch leaked into the 15-25 us of a decode matmul and reordered close configs), calls back to back over
+    # copies of the weight that together exceed twice the L2 size (each call streams its weight from DRAM, as
+    # in a model; do_bench's flush, a memset, left L2 dirty and favoured other configs than the benchmark's).
+    # TUNING_ROUNDS interleaved rounds, each config's best kept (benchmarks/results/2026-11-30-triton-tuning.log,
+    # 2026-11-30-triton-split-reduce.log).
+    l2_bytes = torch.cuda.get_device_properties(x.device).L2_cache_size
+    copies = min(-(-2 * l2_bytes // qweight.nbytes), TUNING_MAX_COPIES)
+    weights = [qweight] + [qweight.clone() for _ in range(copies - 1)]
+    weights *= -(-TUNING_CALLS // len(weights))
+    graphs = {}
+    for config in runs:
+        graphs[config] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[config]):
+            for weight in weights:
+                launch(config, x, weight, scales, zeros, perm, bias, locks, bits, group_size, out)
     times = {}
     for _ in range(TUNING_ROUNDS):
-        for config in runs:
-            t = triton.testing.do_bench(
-                lambda: launch(config, x, qweight, scales, zeros, perm, bias, bits, group_size, out),
-                warmup=5, rep=20, return_mode="median")
+        for config, graph in graphs.items():
+            t = _replay_seconds(graph) / len(weights)
             times[config] = min(t, times.get(config, t))
     _TUNED[key] = min(times, key=times.get)
+    log.debug("tuned M<=%d N=%d K=%d %s: %s", m_bucket(m), n, k, x.dtype, "; ".join(
+        f"{c.path} bn={c.block_n} bm={c.block_m} split={c.split_k} w={c.num_warps} st={c.num_stages} "
+        f"{t * 1e6:.1f} us" for c, t in sorted(times.items(), key=lambda item: item[1])))
     return _TUNED[key]
 
 
 def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-           zeros: Optional[torch.Tensor], perm: Optional[torch.Tensor], bias: Optional[torch.Tensor], bits: int,
-           group_size: int, out: torch.Tensor) -> None:
-    """Write x @ W^T (+ bias) into `out` [M, N] with `config`. x is [M, K] with unit stride along K."""
+           zeros: Optional[torch.Tensor], perm: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+           locks: torch.Tensor, bits: int, group_size: int, out: torch.Tensor) -> None:
+    """Write x @ W^T (+ bias) into `out` [M, N] with `config`. x is [M, K] with unit stride along K; `locks` are
+    zeroed int32 split-K counters (`new_locks`), left zeroed."""
     m, k = x.shape
     n = qweight.shape[1]
     group = NO_GROUP if group_size == -1 else group_size
@@ -496,23 +555,26 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scales:
     if perm is not None and m > PERMUTE_X_ABOVE_M:
         x, perm = x.index_select(1, perm), None
     final = config.split_k == 1
-    target = out if final else torch.empty(config.split_k, m, n, dtype=torch.float32, device=x.device)
-    args = (x, qweight, scales, zeros, perm, bias, target)
+    partials = out if final else torch.empty(config.split_k, m, n, dtype=torch.float32, device=x.device)
+    args = (x, qweight, scales, zeros, perm, bias, out, partials, locks)
     flags.update(HAS_PERM=perm is not None, HAS_BIAS=bias is not None, FINAL=final, BLOCK_N=config.block_n,
                  num_warps=config.num_warps, num_stages=config.num_stages)
     if config.path == "gemv":
-        _gemv_kernel[(triton.cdiv(n, config.block_n), config.split_k, m)](
-            *args, n, k, group, x.stride(0), n, m * n, X_EXPONENT=X_EXPONENT, NUM_STAGES=config.num_stages, **flags)
+        grid = (triton.cdiv(n, config.block_n), config.split_k, m)
+    else:
+        grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), config.split_k)
+    if not final and grid[0] * (m if config.path == "gemv" else 1) > locks.numel():
+        raise ValueError(f"{config} for M={m} N={n} splits more output tiles than the {locks.numel()} split-K "
+                         f"counters given (see lock_count)")
+    if config.path == "gemv":
+        _gemv_kernel[grid](*args, n, k, group, x.stride(0), n, m * n, X_EXPONENT=X_EXPONENT,
+                           NUM_STAGES=config.num_stages, **flags)
     else:
         # The interpreter computes bf16 tl.dot wrongly (triton 3.9); it gets the same values widened to fp32.
         dot_dtype = tl.float32 if INTERPRET else _TL_DTYPES[x.dtype]
-        tiles = triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n)
-        _mma_kernel[(tiles, config.split_k)](
-            *args, m, n, k, group, x.stride(0), n, m * n, DOT_DTYPE=dot_dtype,
-            DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32", BLOCK_M=config.block_m, GROUP_M=8, **flags)
-    if not final:
-        _sum_splits_kernel[(triton.cdiv(m * n, 1024),)](target, bias, out, m * n, n, config.split_k,
-                                                        HAS_BIAS=bias is not None, BLOCK=1024)
+        _mma_kernel[grid](*args, m, n, k, group, x.stride(0), n, m * n, DOT_DTYPE=dot_dtype,
+                          DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32", BLOCK_M=config.block_m,
+                          GROUP_M=8, **flags)
 
 
 def quant_matmul(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Tensor] = None,
@@ -529,7 +591,7 @@ def quant_matmul(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Ten
                          f"{list(out.shape)}")
     if m == 0:
         return out
-    tensors = (x, weight.qweight, weight.scales, weight.zeros, weight.perm, bias)
+    tensors = (x, weight.qweight, weight.scales, weight.zeros, weight.perm, bias, weight.locks)
     if config is None:
         config = choose_config(*tensors, weight.bits, weight.group_size, out)
     launch(config, *tensors, weight.bits, weight.group_size, out)
@@ -538,11 +600,12 @@ def quant_matmul(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Ten
 
 @quant_linear_op("litquant::triton_quant_linear")
 def triton_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
-                        perm: Optional[torch.Tensor], bias: Optional[torch.Tensor], bits: int, group_size: int,
-                        out_features: int) -> torch.Tensor:
-    """The custom op behind `TritonQuantLinear.forward`: x [..., K] -> [..., out_features]."""
+                        perm: Optional[torch.Tensor], bias: Optional[torch.Tensor], locks: torch.Tensor, bits: int,
+                        group_size: int, out_features: int) -> torch.Tensor:
+    """The custom op behind `TritonQuantLinear.forward`: x [..., K] -> [..., out_features]. `locks` are counted
+    on and reset within the call (as marlin's), so the op declares no mutation."""
     out = torch.empty(*x.shape[:-1], out_features, dtype=x.dtype, device=x.device)
-    weight = PackedWeight(qweight, scales, zeros, perm, bits, group_size)
+    weight = PackedWeight(qweight, scales, zeros, perm, locks, bits, group_size)
     quant_matmul(x.reshape(-1, x.shape[-1]), weight, bias, out.view(-1, out_features))
     return out
 
@@ -572,8 +635,9 @@ class TritonQuantLinear(QuantLinear):
         packed = repack(qw)
         for name in ("qweight", "scales", "zeros", "perm"):
             self.register_buffer(name, getattr(packed, name))
+        self.register_buffer("locks", packed.locks, persistent=False)
         self.set_bias(qw.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return triton_quant_linear(x, self.qweight, self.scales, self.zeros, self.perm, self.bias, self.spec.bits,
-                                   self.spec.group_size, self.out_features)
+        return triton_quant_linear(x, self.qweight, self.scales, self.zeros, self.perm, self.bias, self.locks,
+                                   self.spec.bits, self.spec.group_size, self.out_features)
