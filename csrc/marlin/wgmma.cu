@@ -23,9 +23,9 @@
 //   swizzle the B descriptor declares (16-byte chunk c of row r at chunk c ^ (r % 8), 1024-byte aligned
 //   atoms of 8 rows), so that the tensor cores read them without bank conflicts; the k16 steps inside
 //   the stage are the descriptor's start address moved by 32 bytes.
-// Pipeline: a ring of stages filled by the copy engine (TMA), issued by one thread: the activations
-//   through a tensor map (which applies the swizzle and zero-fills rows past M), weight words, scales and
-//   zero points by plain bulk copies, all counted on the stage's "full" mbarrier. Each step dequantizes
+// Pipeline: a ring of stages filled by the copy engine (TMA), four tensor-map copies a stage (the
+//   activations, with the swizzle and zeros past M; the weight words of the four k16 steps; the scale
+//   rows; the zero-point rows), all counted on the stage's "full" mbarrier. Each step dequantizes
 //   its stage's weights into one of two register sets while the previous step's wgmmas still run,
 //   issues its own (8 per warpgroup), waits for the previous ones and releases their stage on its
 //   "empty" mbarrier. A first version filled the ring with cp.async from every thread; the copies'
@@ -59,7 +59,7 @@ struct WgTile {
   static constexpr int kX = BM * 128;           // bytes of activations per stage
   static constexpr int kW = kWgK * kWgN / 2;    // bytes of weights per stage: [k16][tile][lane] uint4
   static constexpr int kScales = 2 * kWgN * 2;  // two group rows when groups are 32 long
-  static constexpr int kZeros = 2 * kWgN / 2;
+  static constexpr int kZeros = 2 * kWgN;  // two group rows of 256 bytes
   static constexpr int kStage = (kX + kW + kScales + kZeros + 1023) / 1024 * 1024;  // swizzle atoms: 1024-aligned
   static constexpr int kStages = (220 * 1024 - 1024) / kStage;  // as many as fit (8 to 15): latency hiding at small M
   static constexpr int kOutRow = kWgN + 8;  // staged output row, padded so the fragment scatter hits all banks
@@ -112,19 +112,12 @@ __device__ __forceinline__ void wait_barrier(uint64_t* bar, uint32_t parity) {
                  : "memory");
   } while (!done);
 }
-// `bytes` (a multiple of 16) from global `src` to shared `dst`, counted on `bar`.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_address(dst)),
-               "l"(src), "r"(bytes), "r"(smem_address(bar))
-               : "memory");
-}
-// The box of the 2-D tensor map at (column k, row m) to shared `dst`, counted on `bar`.
-__device__ __forceinline__ void load_tile(void* dst, const CUtensorMap* map, int k, int m, uint64_t* bar) {
+// The box of the 2-D tensor map at (element `column`, `row`) to shared `dst`, counted on `bar`.
+__device__ __forceinline__ void load_tile(void* dst, const CUtensorMap* map, int column, int row, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
           smem_address(dst)),
-      "l"(map), "r"(k), "r"(m), "r"(smem_address(bar))
+      "l"(map), "r"(column), "r"(row), "r"(smem_address(bar))
       : "memory");
 }
 // Keeps the compiler from moving reads of an accumulator above the wgmma wait.
@@ -182,9 +175,17 @@ __device__ __forceinline__ float to_float(T v) {
 // ---------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------
+// The tensor maps of a call (see `encode_maps`): one copy each fills a stage's part.
+struct WgMaps {
+  CUtensorMap x;        // bf16/fp16 [M, K]: boxes of BM rows x 64 columns, 128-byte swizzle
+  CUtensorMap weights;  // 8-byte words [K / 16, N / 64 * 64]: boxes of 4 k16 rows x 4 tiles (2 KB a row)
+  CUtensorMap scales;   // 8-byte words [groups, N / 4]: boxes of the stage's group rows x 256 columns
+  CUtensorMap zeros;    // 8-byte words [groups, N / 8]: likewise (unused for symmetric weights)
+};
+
 template <typename T, int BM, bool kHasZeros>
 __global__ void __launch_bounds__(kWgThreads, 1)
-    marlin_wgmma_kernel(const GemmArgs args, const __grid_constant__ CUtensorMap x_map, const int stages_per_split) {
+    marlin_wgmma_kernel(const GemmArgs args, const __grid_constant__ WgMaps maps, const int stages_per_split) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WgTile<BM>;
   __shared__ uint64_t full[C::kStages], empty[C::kStages];
@@ -214,29 +215,23 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int stages = min(K / kWgK - stage_begin, stages_per_split);
   const bool two_group_rows = shift == 5;  // groups of 32: two per stage
 
-  // The copies of a stage, all issued by thread 0 and tracked by the stage's "full" barrier: the
-  // activations by the tensor map (which swizzles them and zero-fills rows past M), the weight words
-  // (one 2 KB run per k16 step), the scales and the zero points by plain bulk copies; tiles past N
-  // are not copied.
-  const int valid_tiles = min(4, tiles64 - t0);
+  // The copies of a stage, issued by one thread and tracked by the stage's "full" barrier: one
+  // tensor-map box each for the activations, the weight words, the scales and the zero points. The
+  // copy engine zero-fills what lies past the tensors (rows past M, tiles past N) and counts the
+  // whole box. (The weights, scales and zeros were once 5 to 8 bulk copies a stage: issuing them took
+  // ~170 dependent instructions, and ncu showed the issuing warp 44% busy with them and the others
+  // waiting for it at their wgmmas and for the late stages at their barriers.)
   const int group_rows = two_group_rows ? 2 : 1;
-  const uint32_t stage_bytes = C::kX + valid_tiles * (4 * 512 + group_rows * (128 + (kHasZeros ? 64 : 0)));
+  const uint32_t stage_bytes = C::kX + C::kW + group_rows * (C::kScales + (kHasZeros ? C::kZeros : 0)) / 2;
   auto fetch = [&](int s, int slot) {
     uint8_t* st = smem + slot * C::kStage;
     uint64_t* bar = &full[slot];
-    const int k0 = (stage_begin + s) * kWgK;
+    const int k0 = (stage_begin + s) * kWgK, g0 = shift < 0 ? 0 : k0 >> shift;
     expect_bytes(bar, stage_bytes);
-    load_tile(st, &x_map, k0, m0, bar);
-    const uint4* gw = args.qweight + ((size_t)(k0 / 16) * tiles64 + t0) * 32;
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) bulk_load(st + C::kX + kk * 2048, gw + (size_t)kk * tiles64 * 32, valid_tiles * 512, bar);
-    const int g0 = shift < 0 ? 0 : k0 >> shift;
-    for (int r = 0; r < group_rows; ++r) {
-      bulk_load(st + C::kX + C::kW + r * 512, args.scales + (size_t)(g0 + r) * (N / 8) + nt * 32, valid_tiles * 128, bar);
-      if (kHasZeros)
-        bulk_load(st + C::kX + C::kW + C::kScales + r * 256, args.zeros + (size_t)(g0 + r) * (N / 8) + nt * 32,
-                  valid_tiles * 64, bar);
-    }
+    load_tile(st, &maps.x, k0, m0, bar);
+    load_tile(st + C::kX, &maps.weights, nt * 256, k0 / 16, bar);
+    load_tile(st + C::kX + C::kW, &maps.scales, nt * 64, g0, bar);
+    if (kHasZeros) load_tile(st + C::kX + C::kW + C::kScales, &maps.zeros, nt * 32, g0, bar);
   };
 
   // The A fragments of one stage for this thread: [instruction][k16 step][register].
@@ -281,7 +276,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   };
 
   // Stage s lives in slot s % kStages; its "full" barrier completes when its bytes have landed, its
-  // "empty" barrier when all threads are done with it (their wgmmas on it have completed). Thread 0
+  // "empty" barrier when all threads are done with it (their wgmmas on it have completed). Step s
   // refills a slot kAhead stages ahead; the slot's previous stage is then three steps back, so the
   // warpgroups need not run in lockstep.
   constexpr int kAhead = C::kStages - 3;
@@ -292,16 +287,20 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   __syncthreads();
   if (tid == 0)
     for (int s = 0; s < kAhead && s < stages; ++s) fetch(s, s);
+  // The refill of step s is issued by lane 0 of warp s % 8, after its wgmmas, while they run: a
+  // warpgroup's wgmma starts only when all four of its warps have issued it, so the refill delays
+  // its warpgroup's next step; taking turns spreads that delay over all warps (70B-up M = 64: 153 us
+  // against 169 when thread 0 issued every refill; the same at M >= 256).
   auto step = [&](int s, Fragments& a) {
     const int slot = s % C::kStages;
-    if (tid == 0 && s + kAhead < stages) {
+    wait_barrier(&full[slot], (s / C::kStages) & 1);
+    dequantize(slot, a);
+    issue(slot, a, s == 0);
+    if (tid == s % (kWgThreads / 32) * 32 && s + kAhead < stages) {
       const int next = s + kAhead, next_slot = next % C::kStages;
       if (next >= C::kStages) wait_barrier(&empty[next_slot], (next / C::kStages - 1) & 1);
       fetch(next, next_slot);
     }
-    wait_barrier(&full[slot], (s / C::kStages) & 1);
-    dequantize(slot, a);
-    issue(slot, a, s == 0);
     wgmma_wait<1>();  // step s - 1's wgmmas are done: its registers and its stage are free
     if (s > 0) {
       fence_proxy_async();  // order this thread's reads of the stage (generic) before its refill (async)
@@ -409,11 +408,8 @@ WgmmaPlan plan_wgmma(int M, int K, int N, int sms) {
   return p;
 }
 
-// The tensor map of x [M, K] for the copy engine: boxes of BM rows x 64 columns (128 bytes), stored
-// with the 128-byte swizzle; rows past M read as zeros.
-template <typename T>
-const char* activation_map(CUtensorMap* map, const GemmArgs& args, int bm) {
-  // cuTensorMapEncodeTiled from the driver the runtime already loaded (the extension does not link libcuda).
+// cuTensorMapEncodeTiled from the driver the runtime already loaded (the extension does not link libcuda).
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found;
@@ -422,27 +418,51 @@ const char* activation_map(CUtensorMap* map, const GemmArgs& args, int bm) {
       fn = nullptr;
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
-  if (encode == nullptr) return "marlin: the CUDA driver has no cuTensorMapEncodeTiled";
-  const cuuint64_t dims[2] = {(cuuint64_t)args.K, (cuuint64_t)args.M};
-  const cuuint64_t row_stride[1] = {(cuuint64_t)args.K * sizeof(T)};
-  const cuuint32_t box[2] = {kWgK, (cuuint32_t)bm}, element_strides[2] = {1, 1};
+  return encode;
+}
+
+// A 2-D map of `rows` rows of `columns` elements, `row_bytes` apart, read in boxes of
+// `box_rows` x `box_columns`; what lies outside reads as zeros.
+bool encode_map(CUtensorMap* map, CUtensorMapDataType type, const void* base, uint64_t columns, uint64_t rows,
+                uint64_t row_bytes, uint32_t box_columns, uint32_t box_rows, CUtensorMapSwizzle swizzle) {
+  const cuuint64_t dims[2] = {columns, rows}, strides[1] = {row_bytes};
+  const cuuint32_t box[2] = {box_columns, box_rows}, element_strides[2] = {1, 1};
+  return tensor_map_encoder()(map, type, 2, const_cast<void*>(base), dims, strides, box, element_strides,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The maps of a call. x: boxes of BM rows x 64 columns (128 bytes), stored with the 128-byte swizzle.
+// The marlin tensors are read as 8-byte words: the weight words of a k16 step form one row
+// (N / 64 tiles of 512 bytes), a block's box is 4 rows x its 4 tiles (2 KB a row, the stage's
+// [k16][tile][lane] layout); scales (2 bytes a column) and zero points (1 byte a column: two
+// nibbles of two subtiles) are rows per group, a box the stage's 1 or 2 group rows x 256 columns.
+template <typename T>
+const char* encode_maps(WgMaps* maps, const GemmArgs& args, int bm) {
+  if (tensor_map_encoder() == nullptr) return "marlin: the CUDA driver has no cuTensorMapEncodeTiled";
+  const uint64_t K = args.K, N = args.N, groups = args.group_shift < 0 ? 1 : K >> args.group_shift;
+  const uint32_t group_rows = args.group_shift == 5 ? 2 : 1;
   const CUtensorMapDataType type =
       std::is_same<T, half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
-  const CUresult r = encode(map, type, 2, const_cast<uint4*>(args.x), dims, row_stride, box, element_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS ? nullptr : "marlin: cuTensorMapEncodeTiled refused the activations";
+  constexpr CUtensorMapDataType kWord = CU_TENSOR_MAP_DATA_TYPE_UINT64;
+  constexpr CUtensorMapSwizzle kPlain = CU_TENSOR_MAP_SWIZZLE_NONE;
+  bool ok = encode_map(&maps->x, type, args.x, K, args.M, K * sizeof(T), kWgK, bm, CU_TENSOR_MAP_SWIZZLE_128B) &&
+            encode_map(&maps->weights, kWord, args.qweight, N, K / 16, N * 8, kWgN, 4, kPlain) &&
+            encode_map(&maps->scales, kWord, args.scales, N / 4, groups, N * 2, kWgN / 4, group_rows, kPlain);
+  if (ok && args.zeros != nullptr)
+    ok = encode_map(&maps->zeros, kWord, args.zeros, N / 8, groups, N, kWgN / 8, group_rows, kPlain);
+  return ok ? nullptr : "marlin: cuTensorMapEncodeTiled refused a tensor of this call";
 }
 
 template <typename T, int BM, bool kHasZeros>
 const char* launch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, int sms, cudaStream_t stream) {
   auto kernel = marlin_wgmma_kernel<T, BM, kHasZeros>;
   constexpr int kSmem = WgTile<BM>::kSmemBytes;
-  CUtensorMap x_map;
-  if (const char* bad = activation_map<T>(&x_map, args, BM)) return bad;
+  WgMaps maps;
+  if (const char* bad = encode_maps<T>(&maps, args, BM)) return bad;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return cudaGetErrorString(err);
-  kernel<<<plan.tiles * plan.splits, kWgThreads, kSmem, stream>>>(args, x_map, plan.stages_per_split);
+  kernel<<<plan.tiles * plan.splits, kWgThreads, kSmem, stream>>>(args, maps, plan.stages_per_split);
   if (plan.splits > 1) {
     const int64_t quads = (int64_t)args.M * args.N / 4;
     const int grid = (int)std::min<int64_t>((quads + 255) / 256, 8 * sms);

@@ -134,6 +134,8 @@ class MarlinQuantLinear(QuantLinear):
     mma_dense_from_m: ClassVar[int] = 128
     # wgmma (Hopper), same shapes: fused 534 us against dense 646 us at M=256, 1899 against 1524 at
     # M=1024 (70B-down and the 7B layers cross over at the same place); 512 lies between the two.
+    # Since the stage copies go through tensor maps, the two are level at M=1024 (fused 1507 / 303 /
+    # 137 us against dense 1553 / 272 / 146 on 70B-up / 70B-qkv / 7B-down: 2026-11-30-wgmma-copies.md).
     wgmma_dense_from_m: ClassVar[int] = 512
 
     @classmethod
