@@ -41,7 +41,8 @@ def sweep(shape: str, m: int, device: torch.device) -> None:
         want = -(-2 * sms // (-(-n // block_n) * m))
         split = min(1 << (want - 1).bit_length(), chunks)
         for split_k in sorted({max(1, split // 2), split, min(2 * split, chunks)}):
-            config = tk.KernelConfig("gemv", block_n=block_n, split_k=split_k, num_warps=warps, num_stages=stages)
+            config = tk.KernelConfig("gemv", block_n=block_n, block_m=1, split_k=split_k, num_warps=warps,
+                                     num_stages=stages)
             out = tk.quant_matmul(x, packed[0], config=config)
             error = ((out.double() - exact).norm() / exact.norm()).item()
             t, _ = time_calls([lambda x, p=p: tk.quant_matmul(x, p, config=config) for p in packed], x)

@@ -32,7 +32,7 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 TOLERANCE = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}  # about 2x the unit roundoff
 # Tiles wider than N = 45 (masked edges); M = 17 spans two row tiles, and gemv splits K (partial sums).
 PATHS = {
-    "gemv": tk.KernelConfig("gemv", block_n=64, split_k=2),
+    "gemv": tk.KernelConfig("gemv", block_n=64, block_m=2, split_k=2),  # M = 3: a full and a masked row block
     "mma": tk.KernelConfig("mma", block_n=64, block_m=16),
     "dequant": tk.KernelConfig("dequant"),
 }
@@ -103,11 +103,11 @@ def test_2_and_8_bit_match_reference(bits, case):
     group_size, act_order, zero_point, k = CASES[case]
     qw = random_quantized(k, 40, bits, group_size, act_order, zero_point, seed=bits)
     # split_k 3 over 1-2 chunks: some splits get no chunk and must add zeros
-    for config in (tk.KernelConfig("gemv", block_n=64), tk.KernelConfig("mma", block_n=32, split_k=3)):
+    for config in (tk.KernelConfig("gemv", block_n=64, block_m=1), tk.KernelConfig("mma", block_n=32, split_k=3)):
         check_against_references(qw, config, torch.bfloat16, ms=(1, 5))
 
 
-@pytest.mark.parametrize("config", [tk.KernelConfig("gemv", block_n=64, split_k=3),
+@pytest.mark.parametrize("config", [tk.KernelConfig("gemv", block_n=64, block_m=1, split_k=3),
                                     tk.KernelConfig("mma", block_n=32, block_m=16, split_k=2)], ids=["gemv", "mma"])
 def test_split_k_counters_reset(config):
     """The last program of a split tile sums the partials and resets its arrival counter: the counters are zero
@@ -202,6 +202,7 @@ def test_candidate_configs_per_m_bucket():
     assert [tk.m_bucket(m) for m in (1, 2, 3, 17, 4096, 5000)] == [1, 2, 4, 32, 4096, 8192]
     cpu = torch.device("cpu")
     assert tk.candidate_configs(1, 4096, 4096, 4, cpu)[0].path == "gemv"
+    assert {c.block_m for c in tk.candidate_configs(3, 4096, 4096, 4, cpu) if c.path == "gemv"} == {1, 4}
     assert {c.path for c in tk.candidate_configs(16, 4096, 4096, 4, cpu)} == {"mma"}
     assert {c.path for c in tk.candidate_configs(1024, 4096, 4096, 4, cpu)} == {"mma", "dequant"}
 
@@ -210,7 +211,7 @@ def test_candidate_configs_per_m_bucket():
 # GPU: real Llama-2 shapes, every path, and the autotuned choice
 # ---------------------------------------------------------------------------------------------------------------
 GPU_PATHS = {
-    "gemv": (tk.KernelConfig("gemv", block_n=128, split_k=4), (1, 3)),
+    "gemv": (tk.KernelConfig("gemv", block_n=128, block_m=4, split_k=4), (1, 3)),
     "mma-small": (tk.KernelConfig("mma", block_n=128, block_m=16, split_k=4), (1, 16)),
     "mma-large": (tk.KernelConfig("mma", block_n=128, block_m=128, num_warps=8, num_stages=3), (333, 4096)),
     "dequant": (tk.KernelConfig("dequant"), (333, 4096)),

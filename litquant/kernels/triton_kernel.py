@@ -20,7 +20,7 @@ Dequantization without int-to-float conversions
     bit width fits. Then f + zeros = (q - z) / 2**bits exactly, and the weight is 2**bits * s * (f + zeros).
 
 Paths, picked per (device, dtype, N, K, M bucket) by timing the candidates once (`choose_config`)
-    gemv     one activation row per program, [BLOCK_N, 16] word tiles, fp32 FMAs on the CUDA cores, split-K over
+    gemv     BLOCK_M activation rows per program, [BLOCK_N, 16] word tiles, fp32 FMAs on the CUDA cores, split-K over
              chunks for occupancy, chunks streamed through a cp.async pipeline: decode (M = 1..4), memory bound.
              Fields are read as denormal floats (`_field_product`): one AND and one FMA per weight.
     mma      tensor cores: out^T = W @ x^T for a [BLOCK_N, BLOCK_M] tile, per chunk one K = 16 dot per field, the
@@ -191,7 +191,8 @@ X_EXPONENT = 100
 
 @triton.jit
 def _field_product(words, x, j: tl.constexpr, BITS: tl.constexpr, X_EXPONENT: tl.constexpr):
-    """x [WORDS] times field j of the int32 words [BLOCK_N, WORDS], as x * q * 2**(X_EXPONENT - 149).
+    """x [BLOCK_M, 1, WORDS] times field j of the int32 words [1, BLOCK_N, WORDS], as x * q * 2**(X_EXPONENT - 149)
+    [BLOCK_M, BLOCK_N, WORDS].
 
     The field is masked where it lies, b bits up, and read as the bits of a denormal fp32: q * 2**(b - 149).
     Fields that reach bit 23 (the exponent) are read after one shift of the word, shared by all of them (12
@@ -203,14 +204,14 @@ def _field_product(words, x, j: tl.constexpr, BITS: tl.constexpr, X_EXPONENT: tl
     if SHIFT > 0:
         words = words >> SHIFT
     field = (words & (((1 << BITS) - 1) << b)).to(tl.float32, bitcast=True)
-    return (x * 2.0 ** (X_EXPONENT - b))[None, :] * field
+    return (x * 2.0 ** (X_EXPONENT - b)) * field
 
 
 @triton.jit
 def _zero_point_term(s, zeros, BITS: tl.constexpr, UNIT: tl.constexpr):
-    """-s * z per column as [BLOCK_N, 1], in the gemv's accumulator units (UNIT): the stored zeros are
+    """-s * z per column as [1, BLOCK_N, 1], in the gemv's accumulator units (UNIT): the stored zeros are
     -(1 + z / 2**BITS), so (zeros + 1) * 2**BITS = -z."""
-    return (s * (zeros + 1.0) * ((1 << BITS) * UNIT))[:, None]
+    return (s * (zeros + 1.0) * ((1 << BITS) * UNIT))[None, :, None]
 
 
 @triton.jit
@@ -251,24 +252,28 @@ def _write_result(total, bias_ptr, out_ptr, partials_ptr, locks_ptr, lock, offse
 
 @triton.jit
 def _gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr, partials_ptr, locks_ptr,
-                 N, K, group_size, stride_xm, stride_om, stride_split,
+                 M, N, K, group_size, stride_xm, stride_om, stride_split,
                  BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, HAS_ZEROS: tl.constexpr,
-                 HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FINAL: tl.constexpr,
-                 X_EXPONENT: tl.constexpr, NUM_STAGES: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
-    """out[row, n] (or split partial) for one activation row, BLOCK_N columns and one split of the chunks.
+                 HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FINAL: tl.constexpr, X_EXPONENT: tl.constexpr,
+                 NUM_STAGES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
+    """out[rows, n] (or split partial) for BLOCK_M activation rows, BLOCK_N columns and one split of the chunks.
 
     Per weight: one AND (`_field_product`) and one FMA with the pre-scaled activation. The zero point is
     applied per word slot and chunk, sum(x * s * (q - z)) = s * sum(x * q) - s * z * sum(x), with the sums over
     the chunk (or field, when the group is shorter than a chunk); the accumulator stays [BLOCK_N, WORDS] and is
     reduced once at the end, so the loop has no cross-thread reduction. Each thread holds several columns, so
-    the activations it loads, converts and scales serve all of them. The chunks stream through a NUM_STAGES-deep
-    cp.async pipeline (`tl.range`): with 3 stages, 70B-up at M = 1 went from 113 to 82 us on an H200.
+    the activations it loads, converts and scales serve all of them; with BLOCK_M > 1 the weight words it loads
+    serve all rows (a program per row read each weight once per row: M = 2 on 70B-up 151 -> 131 us, 70B-down
+    81 -> 63 us on an H200; at M = 4 the mma path stays faster). The chunks stream through a
+    NUM_STAGES-deep cp.async pipeline (`tl.range`): with 3 stages, 70B-up at M = 1 went from 113 to 82 us on an
+    H200.
     """
     VALUES: tl.constexpr = 32 // BITS
     ROWS: tl.constexpr = VALUES * WORDS
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    row = tl.program_id(2)
+    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < M
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_w = tl.arange(0, WORDS)
@@ -276,15 +281,19 @@ def _gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, 
     per_split = tl.cdiv(num_chunks, tl.num_programs(1))
     first = pid_k * per_split
     last = tl.minimum(first + per_split, num_chunks)
-    x_row = x_ptr + row * stride_xm
-    tile = qweight_ptr + offs_n[:, None] * WORDS + offs_w[None, :]
-    acc = tl.zeros([BLOCK_N, WORDS], tl.float32)
+    # Every tensor of the loop is 3-D, [rows, columns, words], from its load on, so that none changes layout in
+    # it: with 2-D words and activations broadcast to 3-D, Triton picked another layout (shuffles, ldmatrix) and
+    # M = 1 ran 5-18% slower (benchmarks/results/2026-11-30-triton-gemv-rows.log).
+    x_rows = x_ptr + rows[:, None, None] * stride_xm
+    tile = qweight_ptr + offs_n[None, :, None] * WORDS + offs_w[None, None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N, WORDS], tl.float32)
     ZERO_UNIT: tl.constexpr = 2.0 ** (X_EXPONENT - 149)  # acc holds x * q in units of 2**(X_EXPONENT - 149)
     for c in tl.range(first, last, num_stages=NUM_STAGES):
-        words = tl.load(tile + c * N * WORDS, mask=n_mask[:, None], other=0)
+        words = tl.load(tile + c * N * WORDS, mask=n_mask[None, :, None], other=0)
         for j in tl.static_range(VALUES):
             cols, k_mask = _activation_columns(perm_ptr, c * ROWS + j * WORDS + offs_w, K, HAS_PERM)
-            xj = tl.load(x_row + cols, mask=k_mask, other=0.0).to(tl.float32)
+            xj = tl.load(x_rows + cols[None, None, :], mask=row_mask[:, None, None] & k_mask[None, None, :],
+                         other=0.0).to(tl.float32)
             product = _field_product(words, xj, j, BITS, X_EXPONENT)
             if GROUP_PER_CHUNK:  # sum the chunk's fields, scale them once below
                 if j == 0:
@@ -295,15 +304,15 @@ def _gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, 
             else:
                 s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS + j * WORDS, group_size, offs_n, n_mask, N, K,
                                      HAS_ZEROS)
-                acc += s[:, None] * product
-                acc += _zero_point_term(s, z, BITS, ZERO_UNIT) * xj[None, :]
+                acc += s[None, :, None] * product
+                acc += _zero_point_term(s, z, BITS, ZERO_UNIT) * xj
         if GROUP_PER_CHUNK:
             s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS, group_size, offs_n, n_mask, N, K, HAS_ZEROS)
-            acc += s[:, None] * partial
-            acc += _zero_point_term(s, z, BITS, ZERO_UNIT) * x_sum[None, :]
-    _write_result(tl.sum(acc, 1) / ZERO_UNIT, bias_ptr, out_ptr, partials_ptr, locks_ptr,
-                  row * tl.num_programs(0) + pid_n, row * stride_om + offs_n, offs_n, n_mask, stride_split, HAS_BIAS,
-                  FINAL)
+            acc += s[None, :, None] * partial
+            acc += _zero_point_term(s, z, BITS, ZERO_UNIT) * x_sum
+    _write_result(tl.sum(acc, 2) / ZERO_UNIT, bias_ptr, out_ptr, partials_ptr, locks_ptr,
+                  tl.program_id(2) * tl.num_programs(0) + pid_n, rows[:, None] * stride_om + offs_n[None, :],
+                  offs_n[None, :], row_mask[:, None] & n_mask[None, :], stride_split, HAS_BIAS, FINAL)
 
 
 @triton.jit
@@ -440,10 +449,13 @@ def candidate_configs(m: int, n: int, k: int, bits: int, device: torch.device) -
     configs = []
     if m <= GEMV_MAX_M:
         # Measured on an H200 (benchmarks/results/2026-11-30-triton-gemv.md): 256 columns on 4 warps (8 columns a
-        # thread) with a 3-stage cp.async pipeline wins on every Llama-2 layer; the others serve small N.
-        for block_n, warps, stages in ((256, 4, 3), (256, 4, 2), (128, 4, 3), (64, 4, 2)):
-            configs += [KernelConfig("gemv", block_n=block_n, split_k=s, num_warps=warps, num_stages=stages)
-                        for s in splits(-(-n // block_n) * m, finer=True)]
+        # thread) with a 3-stage cp.async pipeline wins on every Llama-2 layer; the others serve small N. Above one
+        # row, a program takes all rows (one read of each weight) or one (fewer registers).
+        for rows in sorted({m_bucket(m), 1}):
+            for block_n, warps, stages in ((256, 4, 3), (256, 4, 2), (128, 4, 3), (64, 4, 2)):
+                configs += [KernelConfig("gemv", block_n=block_n, block_m=rows, split_k=s, num_warps=warps,
+                                         num_stages=stages)
+                            for s in splits(-(-n // block_n) * -(-m // rows), finer=True)]
     block_m = min(max(16, m_bucket(m)), 128)
     if m <= 64:
         for block_n in (128, 64):
@@ -560,15 +572,15 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scales:
     flags.update(HAS_PERM=perm is not None, HAS_BIAS=bias is not None, FINAL=final, BLOCK_N=config.block_n,
                  num_warps=config.num_warps, num_stages=config.num_stages)
     if config.path == "gemv":
-        grid = (triton.cdiv(n, config.block_n), config.split_k, m)
+        grid = (triton.cdiv(n, config.block_n), config.split_k, triton.cdiv(m, config.block_m))
     else:
         grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), config.split_k)
-    if not final and grid[0] * (m if config.path == "gemv" else 1) > locks.numel():
+    if not final and grid[0] * (grid[2] if config.path == "gemv" else 1) > locks.numel():
         raise ValueError(f"{config} for M={m} N={n} splits more output tiles than the {locks.numel()} split-K "
                          f"counters given (see lock_count)")
     if config.path == "gemv":
-        _gemv_kernel[grid](*args, n, k, group, x.stride(0), n, m * n, X_EXPONENT=X_EXPONENT,
-                           NUM_STAGES=config.num_stages, **flags)
+        _gemv_kernel[grid](*args, m, n, k, group, x.stride(0), n, m * n, X_EXPONENT=X_EXPONENT,
+                           NUM_STAGES=config.num_stages, BLOCK_M=config.block_m, **flags)
     else:
         # The interpreter computes bf16 tl.dot wrongly (triton 3.9); it gets the same values widened to fp32.
         dot_dtype = tl.float32 if INTERPRET else _TL_DTYPES[x.dtype]
