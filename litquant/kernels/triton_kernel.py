@@ -260,13 +260,12 @@ def _gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, 
 
     Per weight: one AND (`_field_product`) and one FMA with the pre-scaled activation. The zero point is
     applied per word slot and chunk, sum(x * s * (q - z)) = s * sum(x * q) - s * z * sum(x), with the sums over
-    the chunk (or field, when the group is shorter than a chunk); the accumulator stays [BLOCK_N, WORDS] and is
-    reduced once at the end, so the loop has no cross-thread reduction. Each thread holds several columns, so
-    the activations it loads, converts and scales serve all of them; with BLOCK_M > 1 the weight words it loads
+    the chunk (or field, when the group is shorter than a chunk); the accumulator stays [BLOCK_M, BLOCK_N, WORDS]
+    and is reduced once at the end, so the loop has no cross-thread reduction. Each thread holds several columns,
+    so the activations it loads, converts and scales serve all of them; with BLOCK_M > 1 the weight words it loads
     serve all rows (a program per row read each weight once per row: M = 2 on 70B-up 151 -> 131 us, 70B-down
-    81 -> 63 us on an H200; at M = 4 the mma path stays faster). The chunks stream through a
-    NUM_STAGES-deep cp.async pipeline (`tl.range`): with 3 stages, 70B-up at M = 1 went from 113 to 82 us on an
-    H200.
+    81 -> 63 us on an H200; at M = 4 the mma path stays faster). The chunks stream through a NUM_STAGES-deep
+    cp.async pipeline (`tl.range`): with 3 stages, 70B-up at M = 1 went from 113 to 82 us on an H200.
     """
     VALUES: tl.constexpr = 32 // BITS
     ROWS: tl.constexpr = VALUES * WORDS
