@@ -58,8 +58,10 @@ template <int BM>
 struct WgTile {
   static constexpr int kX = BM * 128;           // bytes of activations per stage
   static constexpr int kW = kWgK * kWgN / 2;    // bytes of weights per stage: [k16][tile][lane] uint4
-  static constexpr int kScales = 2 * kWgN * 2;  // two group rows when groups are 32 long
-  static constexpr int kZeros = 2 * kWgN;  // two group rows of 256 bytes
+  static constexpr int kScaleRow = kWgN * 2;    // bytes of one group row of scales (2 a column)
+  static constexpr int kZeroRow = kWgN;         // bytes of one group row of zero points (1 a column)
+  static constexpr int kScales = 2 * kScaleRow;  // room for two group rows (groups of 32)
+  static constexpr int kZeros = 2 * kZeroRow;
   static constexpr int kStage = (kX + kW + kScales + kZeros + 1023) / 1024 * 1024;  // swizzle atoms: 1024-aligned
   static constexpr int kStages = (220 * 1024 - 1024) / kStage;  // as many as fit (8 to 15): latency hiding at small M
   static constexpr int kOutRow = kWgN + 8;  // staged output row, padded so the fragment scatter hits all banks
@@ -222,7 +224,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   // ~170 dependent instructions, and ncu showed the issuing warp 44% busy with them and the others
   // waiting for it at their wgmmas and for the late stages at their barriers.)
   const int group_rows = two_group_rows ? 2 : 1;
-  const uint32_t stage_bytes = C::kX + C::kW + group_rows * (C::kScales + (kHasZeros ? C::kZeros : 0)) / 2;
+  const uint32_t stage_bytes = C::kX + C::kW + group_rows * (C::kScaleRow + (kHasZeros ? C::kZeroRow : 0));
   auto fetch = [&](int s, int slot) {
     uint8_t* st = smem + slot * C::kStage;
     uint64_t* bar = &full[slot];
