@@ -323,9 +323,10 @@ def test_gpu_unaligned_and_strided_inputs():
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [4, 64])
 def test_gpu_cuda_graph_and_compile(rows):
-    qw = random_quantized_weight(512, 256, 128, sym=False, act_order=True, device="cuda", bias=True)
+    # K = 2048 and one column tile: split along K on every path (on Hopper at 64 rows: a cluster launch)
+    qw = random_quantized_weight(2048, 256, 128, sym=False, act_order=True, device="cuda", bias=True)
     module, ref = marlin_module(qw, torch.bfloat16), torch_reference(qw, torch.bfloat16)
-    x = torch.randn(rows, 512, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows, 2048, device="cuda", dtype=torch.bfloat16)
     compiled = torch.compile(module, backend="aot_eager", fullgraph=True)
     assert relative_error(compiled(x), ref(x)) < TOLERANCE[torch.bfloat16]
 
