@@ -323,7 +323,7 @@ def test_gpu_unaligned_and_strided_inputs():
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [4, 64])
 def test_gpu_cuda_graph_and_compile(rows):
-    # K = 2048 and one column tile: split along K on every path (on Hopper at 64 rows: a cluster launch)
+    # K = 2048, 256 columns: split along K on every path (on Hopper at 64 rows: wgmma + the split-sum kernel)
     qw = random_quantized_weight(2048, 256, 128, sym=False, act_order=True, device="cuda", bias=True)
     module, ref = marlin_module(qw, torch.bfloat16), torch_reference(qw, torch.bfloat16)
     x = torch.randn(rows, 2048, device="cuda", dtype=torch.bfloat16)
