@@ -321,10 +321,12 @@ def test_gpu_unaligned_and_strided_inputs():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [4, 64])
-def test_gpu_cuda_graph_and_compile(rows):
-    # K = 2048, 256 columns: split along K on every path (on Hopper at 64 rows: wgmma + the split-sum kernel)
-    qw = random_quantized_weight(2048, 256, 128, sym=False, act_order=True, device="cuda", bias=True)
+@pytest.mark.parametrize("rows, columns", [(4, 256), (64, 256), (64, 8192)])
+def test_gpu_cuda_graph_and_compile(rows, columns):
+    # K = 2048: split along K on every path. 4 rows: the decode kernel's k splits. 64 rows on an H100/H200
+    # (wgmma): 256 columns, one tile shared by 4 blocks (stream-K, with locks); 8192 columns, 32 tiles x 4 k
+    # splits and the split-sum kernel.
+    qw = random_quantized_weight(2048, columns, 128, sym=False, act_order=True, device="cuda", bias=True)
     module, ref = marlin_module(qw, torch.bfloat16), torch_reference(qw, torch.bfloat16)
     x = torch.randn(rows, 2048, device="cuda", dtype=torch.bfloat16)
     compiled = torch.compile(module, backend="aot_eager", fullgraph=True)

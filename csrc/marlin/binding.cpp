@@ -44,8 +44,8 @@ void gemm_out(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& 
     TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->is_contiguous() && bias->numel() == N,
                 "marlin: bias must be contiguous [N] in x's dtype");
   }
-  TORCH_CHECK(locks.scalar_type() == at::kInt && locks.numel() >= litquant_marlin_lock_count(M, N),
-              "marlin: locks must hold ", litquant_marlin_lock_count(M, N), " int32 for M=", M);
+  TORCH_CHECK(locks.scalar_type() == at::kInt && locks.numel() >= litquant_marlin_lock_count(M, K, N),
+              "marlin: locks must hold ", litquant_marlin_lock_count(M, K, N), " int32 for M=", M);
   if (M == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
   // cp.async and the copy engine read 16-byte pieces: a view at an odd offset is copied first.

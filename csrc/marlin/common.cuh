@@ -216,7 +216,8 @@ struct GemmArgs {
   const void* bias;      // [N] or nullptr
   void* out;             // [M, N]
   float4* partial;       // fp32 scratch: columns cut between blocks (marlin.cu), k splits (wgmma.cu)
-  int32_t* locks;        // one per column (marlin.cu) or 64-column tile (decode.cu), zero between calls
+  int32_t* locks;        // one per column (marlin.cu), 64-column tile (decode.cu) or shared tile (wgmma.cu),
+                         // zero between calls
   int M, K, N;
   int group_shift;       // log2(group_size), or -1 for one group over all of K
   int units_per_block;   // marlin.cu: the stripe of each block
@@ -237,10 +238,11 @@ int64_t decode_partial_floats(const DeviceInfo& device, int M, int K, int N);
 const char* decode_gemm(const GemmArgs& args, bool is_bf16, const DeviceInfo& device, cudaStream_t stream);
 
 // The Hopper path (wgmma.cu) for many rows. `wgmma_serves` says whether it takes this call (a Hopper
-// GPU, and M past the decode sizes); then `wgmma_partial_floats` is the fp32 scratch it needs and
-// `wgmma_gemm` runs it.
+// GPU, and M past the decode sizes); then `wgmma_partial_floats` is the fp32 scratch it needs,
+// `wgmma_lock_count` the locks, and `wgmma_gemm` runs it.
 bool wgmma_serves(const DeviceInfo& device, int M, int N);
 int64_t wgmma_partial_floats(const DeviceInfo& device, int M, int K, int N);
+int64_t wgmma_lock_count(const DeviceInfo& device, int M, int K, int N);
 const char* wgmma_gemm(const GemmArgs& args, bool is_bf16, const DeviceInfo& device, cudaStream_t stream);
 
 }  // namespace litquant_marlin

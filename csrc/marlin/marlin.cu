@@ -478,8 +478,9 @@ int64_t litquant_marlin_partial_floats(int M, int K, int N) {
   return (int64_t)((M + rows - 1) / rows) * rows * N;
 }
 
-int64_t litquant_marlin_lock_count(int M, int N) {
-  if (wgmma_serves(current_device(), M, N)) return 0;
+int64_t litquant_marlin_lock_count(int M, int K, int N) {
+  const DeviceInfo device = current_device();
+  if (wgmma_serves(device, M, N)) return wgmma_lock_count(device, M, K, N);
   const int rows = row_blocks(M) * 16;
   return (int64_t)((M + rows - 1) / rows) * (N / 64);
 }

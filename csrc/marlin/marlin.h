@@ -16,7 +16,7 @@ extern "C" {
 //   zeros: uint8 nibbles [G, N/2] (as int32 [G, N/4]) or NULL for symmetric weights (zero point 8).
 //   group_size: -1 (one group over K), 32, 64 or 128; G = ceil(K / group_size).
 //   partial: fp32 scratch of litquant_marlin_partial_floats(M, K, N) floats (any content).
-//   locks: int32 [litquant_marlin_lock_count(M, N)], all zero; they are zero again when the kernel ends.
+//   locks: int32 [litquant_marlin_lock_count(M, K, N)], all zero; they are zero again when the kernel ends.
 // Needs K % 64 == 0, N % 64 == 0, and K or N a multiple of 128; M is any size >= 1.
 const char* litquant_marlin_gemm(const void* x, const int32_t* qweight, const void* scales,
                                  const int32_t* zeros, const void* bias, void* out, float* partial,
@@ -25,7 +25,7 @@ const char* litquant_marlin_gemm(const void* x, const int32_t* qweight, const vo
 
 // Floats of the `partial` scratch and ints of the `locks` workspace that a call needs on the current GPU.
 int64_t litquant_marlin_partial_floats(int M, int K, int N);
-int64_t litquant_marlin_lock_count(int M, int N);
+int64_t litquant_marlin_lock_count(int M, int K, int N);
 
 // w[K, N] (row-major, x's dtype) = the dequantized weight, for the dense path of large M.
 const char* litquant_marlin_dequant(const int32_t* qweight, const void* scales, const int32_t* zeros,

@@ -31,9 +31,11 @@
 //   "empty" mbarrier. A first version filled the ring with cp.async from every thread; the copies'
 //   address arithmetic, the proxy fence that cp.async data needs before wgmma reads it, and the block
 //   barrier of every step cost 20-25% at large M (ncu: a third of the warps' time at the barrier).
-// Layers with fewer tiles than SMs are split along K; the splits write fp32 partial sums that a
-// second kernel adds up (with the bias). Otherwise the output goes through shared memory, to be written
-// in full 16-byte rows.
+// Work split (see `plan_wgmma`): a layer whose tiles, cut into a few k splits, fill the SMs is split
+// along K, the splits' fp32 partial sums added up by a second kernel (with the bias); any other layer
+// runs on one block per SM, each taking whole tiles and then an equal share of the remaining tiles' k
+// stages ("stream-K"), so that no wave runs part-empty. The output goes through shared memory, to be
+// written in full 16-byte rows.
 #include <cuda.h>  // CUtensorMap (the driver function is looked up at run time: no link to libcuda)
 #include <cudaTypedefs.h>
 
@@ -185,9 +187,30 @@ struct WgMaps {
   CUtensorMap zeros;    // 8-byte words [groups, N / 8]: likewise (unused for symmetric weights)
 };
 
-template <typename T, int BM, bool kHasZeros>
+// The work of a launch (see `plan_wgmma`).
+// k splits (splits > 1): block b takes tile b % tiles, stages [split, split + 1) x units_per_block of it,
+//   split = b / tiles, and writes fp32 partial sums [split][M][N] for the second kernel.
+// Otherwise each block first takes `whole_rounds` tiles whole (block b: tiles b, b + grid, ...: the blocks
+//   running at once take neighbouring tiles, as in one wave of a plain launch), then a run of
+//   `units_per_block` k stages of the remaining tiles, cut across tile boundaries. A tile cut between blocks
+//   is finished by the block holding its first stages, which reaches them last in its run: the blocks
+//   holding the rest of the tile have written their fp32 sums by then (each its own slot of `partial`,
+//   counted on the tile's lock), and it adds them to its accumulators and writes the output. A block waits
+//   only for higher blocks, and hands its own sums over in its first shared run, before any wait of its
+//   own: so the waits end even when fewer SMs than blocks are free.
+struct WgWork {
+  int k_stages;         // 64-k stages of a tile
+  int splits;           // k splits (1: whole rounds and shared tiles instead)
+  int units_per_block;  // stages of a split, or of a block's run of the shared tiles
+  int whole_rounds;     // tiles each block takes whole
+  int shared_units;     // k stages of the tiles after those
+};
+
+// kSplits: the launch is k splits (work.splits > 1), compiled apart from stream-K so that neither pays for the
+// other's registers (the split kernel then knows its one run starts the ring).
+template <typename T, int BM, bool kHasZeros, bool kSplits>
 __global__ void __launch_bounds__(kWgThreads, 1)
-    marlin_wgmma_kernel(const GemmArgs args, const __grid_constant__ WgMaps maps, const int stages_per_split) {
+    marlin_wgmma_kernel(const GemmArgs args, const __grid_constant__ WgMaps maps, const WgWork work) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WgTile<BM>;
   __shared__ uint64_t full[C::kStages], empty[C::kStages];
@@ -201,21 +224,20 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   // the second for instruction 1. So each instruction's 64 rows are slices {i, 2 + i} of the
   // warpgroup's two tiles, and the two instructions cover both tiles.
   const int warp_tile = 2 * wg + w / 2, word0 = 2 * (w % 2);
-  const int M = args.M, K = args.K, N = args.N, shift = args.group_shift;
+  const int M = args.M, N = args.N, shift = args.group_shift;
   const int tiles64 = N / 64;
-
-  // This block's tile and k split. Tiles are ordered in groups of kGroupM row tiles that sweep the
-  // column tiles together (row tile fastest): the blocks running at once share weight tiles in L2,
-  // and a group's activations stay in L2 for its whole sweep.
-  const int m_tiles = (M + BM - 1) / BM, n_tiles = (N + kWgN - 1) / kWgN, tiles = m_tiles * n_tiles;
-  const int split = blockIdx.x / tiles, tile = blockIdx.x % tiles;
-  const int per_group = kGroupM * n_tiles, first_m = tile / per_group * kGroupM;
-  const int group_m = min(m_tiles - first_m, kGroupM);
-  const int mt = first_m + (tile % per_group) % group_m, nt = (tile % per_group) / group_m;
-  const int m0 = mt * BM, t0 = nt * 4;  // first row; first 64-column tile
-  const int stage_begin = split * stages_per_split;
-  const int stages = min(K / kWgK - stage_begin, stages_per_split);
   const bool two_group_rows = shift == 5;  // groups of 32: two per stage
+
+  // Tiles are ordered in groups of kGroupM row tiles that sweep the column tiles together (row tile
+  // fastest): the blocks running at once share weight tiles in L2, and a group's activations stay in
+  // L2 for its whole sweep. `m0` is the tile's first row, `t0` its first 64-column tile.
+  const int m_tiles = (M + BM - 1) / BM, n_tiles = (N + kWgN - 1) / kWgN;
+  auto tile_origin = [&](int tile, int& m0, int& t0) {
+    const int per_group = kGroupM * n_tiles, first_m = tile / per_group * kGroupM;
+    const int group_m = min(m_tiles - first_m, kGroupM);
+    m0 = (first_m + (tile % per_group) % group_m) * BM;
+    t0 = (tile % per_group) / group_m * 4;
+  };
 
   // The copies of a stage, issued by one thread and tracked by the stage's "full" barrier: one
   // tensor-map box each for the activations, the weight words, the scales and the zero points. The
@@ -223,17 +245,21 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   // whole box. (The weights, scales and zeros were once 5 to 8 bulk copies a stage: issuing them took
   // ~170 dependent instructions, and ncu showed the issuing warp 44% busy with them and the others
   // waiting for it at their wgmmas and for the late stages at their barriers.)
+  // Stages go through the ring in the order the block takes them, over all its tiles: its g-th stage
+  // sits in slot g % kStages, and the slot is free again when all threads have released stage g - kStages.
   const int group_rows = two_group_rows ? 2 : 1;
   const uint32_t stage_bytes = C::kX + C::kW + group_rows * (C::kScaleRow + (kHasZeros ? C::kZeroRow : 0));
-  auto fetch = [&](int s, int slot) {
+  auto fetch = [&](uint32_t g, int m0, int t0, int k_stage) {
+    const int slot = g % C::kStages;
+    if (g >= C::kStages) wait_barrier(&empty[slot], (g / C::kStages - 1) & 1);
     uint8_t* st = smem + slot * C::kStage;
     uint64_t* bar = &full[slot];
-    const int k0 = (stage_begin + s) * kWgK, g0 = shift < 0 ? 0 : k0 >> shift;
+    const int k0 = k_stage * kWgK, g0 = shift < 0 ? 0 : k0 >> shift;
     expect_bytes(bar, stage_bytes);
     load_tile(st, &maps.x, k0, m0, bar);
-    load_tile(st + C::kX, &maps.weights, nt * 256, k0 / 16, bar);
-    load_tile(st + C::kX + C::kW, &maps.scales, nt * 64, g0, bar);
-    if (kHasZeros) load_tile(st + C::kX + C::kW + C::kScales, &maps.zeros, nt * 32, g0, bar);
+    load_tile(st + C::kX, &maps.weights, t0 * 64, k0 / 16, bar);
+    load_tile(st + C::kX + C::kW, &maps.scales, t0 * 16, g0, bar);
+    if (kHasZeros) load_tile(st + C::kX + C::kW + C::kScales, &maps.zeros, t0 * 8, g0, bar);
   };
 
   // The A fragments of one stage for this thread: [instruction][k16 step][register].
@@ -263,7 +289,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     }
   };
 
-  float acc[2][C::kAcc];  // written first by the wgmmas of stage 0, which do not accumulate
+  float acc[2][C::kAcc];  // written first by the wgmmas of a run's first stage, which do not accumulate
 
   auto issue = [&](int slot, const Fragments& a, bool first) {
     const uint32_t x_tile = smem_address(smem + slot * C::kStage);
@@ -277,58 +303,94 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     wgmma_commit();
   };
 
-  // Stage s lives in slot s % kStages; its "full" barrier completes when its bytes have landed, its
-  // "empty" barrier when all threads are done with it (their wgmmas on it have completed). Step s
-  // refills a slot kAhead stages ahead; the slot's previous stage is then three steps back, so the
-  // warpgroups need not run in lockstep.
-  constexpr int kAhead = C::kStages - 3;
   if (tid == 0) {
     for (int i = 0; i < C::kStages; ++i) init_barrier(&full[i], 1), init_barrier(&empty[i], kWgThreads);
     fence_barrier_init();
   }
   __syncthreads();
-  if (tid == 0)
-    for (int s = 0; s < kAhead && s < stages; ++s) fetch(s, s);
-  // The refill of step s is issued by lane 0 of warp s % 8, after its wgmmas, while they run: a
-  // warpgroup's wgmma starts only when all four of its warps have issued it, so the refill delays
-  // its warpgroup's next step; taking turns spreads that delay over all warps (70B-up M = 64: 153 us
+
+  // acc = the products of stages [k_first, k_first + stages) of a tile. Step s refills a slot kAhead
+  // stages ahead; the slot's previous stage is then three steps back, so the warpgroups need not run in
+  // lockstep. The refill of step s is issued by lane 0 of warp s % 8, after its wgmmas, while they run:
+  // a warpgroup's wgmma starts only when all four of its warps have issued it, so the refill delays its
+  // warpgroup's next step; taking turns spreads that delay over all warps (70B-up M = 64: 153 us
   // against 169 when thread 0 issued every refill; the same at M >= 256).
-  auto step = [&](int s, Fragments& a) {
-    const int slot = s % C::kStages;
-    wait_barrier(&full[slot], (s / C::kStages) & 1);
-    dequantize(slot, a);
-    issue(slot, a, s == 0);
-    if (tid == s % (kWgThreads / 32) * 32 && s + kAhead < stages) {
-      const int next = s + kAhead, next_slot = next % C::kStages;
-      if (next >= C::kStages) wait_barrier(&empty[next_slot], (next / C::kStages - 1) & 1);
-      fetch(next, next_slot);
-    }
-    wgmma_wait<1>();  // step s - 1's wgmmas are done: its registers and its stage are free
-    if (s > 0) {
-      fence_proxy_async();  // order this thread's reads of the stage (generic) before its refill (async)
-      arrive_barrier(&empty[(s - 1) % C::kStages]);
-    }
-  };
-  Fragments a_even, a_odd;  // two register sets, so the loop runs two steps per iteration
+  constexpr int kAhead = C::kStages - 3;
+  uint32_t ring = 0;  // stages this block has put through the ring
+  auto accumulate = [&](int m0, int t0, int k_first, int stages) {
+    if (tid == 0)
+      for (int s = 0; s < kAhead && s < stages; ++s) fetch(ring + s, m0, t0, k_first + s);
+    auto step = [&](int s, Fragments& a) {
+      const uint32_t g = ring + s;
+      const int slot = g % C::kStages;
+      wait_barrier(&full[slot], (g / C::kStages) & 1);
+      dequantize(slot, a);
+      issue(slot, a, s == 0);
+      if (tid == s % (kWgThreads / 32) * 32 && s + kAhead < stages) fetch(g + kAhead, m0, t0, k_first + s + kAhead);
+      wgmma_wait<1>();  // step s - 1's wgmmas are done: its registers and its stage are free
+      if (s > 0) {
+        fence_proxy_async();  // order this thread's reads of the stage (generic) before its refill (async)
+        arrive_barrier(&empty[(g - 1) % C::kStages]);
+      }
+    };
+    Fragments a_even, a_odd;  // two register sets, so the loop runs two steps per iteration
 #pragma unroll 1
-  for (int s = 0; s < stages; s += 2) {
-    step(s, a_even);
-    if (s + 1 < stages) step(s + 1, a_odd);
-  }
-  wgmma_wait<0>();
+    for (int s = 0; s < stages; s += 2) {
+      step(s, a_even);
+      if (s + 1 < stages) step(s + 1, a_odd);
+    }
+    wgmma_wait<0>();
+    fence_proxy_async();
+    arrive_barrier(&empty[(ring + stages - 1) % C::kStages]);
+    ring += stages;
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int j = 0; j < C::kAcc; ++j) fence_register(acc[i][j]);
+      for (int j = 0; j < C::kAcc; ++j) fence_register(acc[i][j]);
+  };
 
   // Accumulator j of instruction i: output feature 64 warp_tile + 16 (word0 + i) + lane / 4 (+ 8 for
-  // j % 4 >= 2) of the block, row 8 (j / 4) + 2 (lane % 4) (+ 1 for odd j).
+  // j % 4 >= 2) of the tile, row 8 (j / 4) + 2 (lane % 4) (+ 1 for odd j).
   const int g = lane / 4, row_in_8 = 2 * (lane % 4);
-  const bool tile_valid = t0 + warp_tile < tiles64;
-  if (gridDim.x > tiles) {  // split along K: fp32 partial sums of this split
+  // The output tile goes through shared memory (the ring's, free between tiles), to be written in full
+  // 16-byte rows.
+  auto store_output = [&](int m0, int t0) {
+    __syncthreads();  // every thread is done with the ring's last stage
+    T* staged = reinterpret_cast<T*>(smem);
+    const T* bias = static_cast<const T*>(args.bias);
+    const bool tile_valid = t0 + warp_tile < tiles64;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int n = 64 * warp_tile + 16 * (word0 + i) + g;
+      const bool has_bias = bias != nullptr && tile_valid;
+      const float b_low = has_bias ? to_float(bias[t0 * 64 + n]) : 0.f;
+      const float b_high = has_bias ? to_float(bias[t0 * 64 + n + 8]) : 0.f;
+#pragma unroll
+      for (int j = 0; j < C::kAcc; ++j) {
+        const int high = j % 4 / 2;
+        staged[(8 * (j / 4) + row_in_8 + j % 2) * C::kOutRow + n + 8 * high] =
+            from_float<T>(acc[i][j] + (high ? b_high : b_low));
+      }
+    }
+    __syncthreads();
+    T* out = static_cast<T*>(args.out);
+    for (int idx = tid; idx < BM * 32; idx += kWgThreads) {  // 32 pieces of 16 bytes per row
+      const int r = idx / 32, c = idx % 32;
+      if (m0 + r < M && t0 + c / 8 < tiles64)
+        *reinterpret_cast<uint4*>(out + (size_t)(m0 + r) * N + t0 * 64 + c * 8) =
+            *reinterpret_cast<const uint4*>(staged + r * C::kOutRow + c * 8);
+    }
+    __syncthreads();  // the next tile's copies overwrite the staged output
+  };
+
+  if constexpr (kSplits) {  // one k split of one tile: partial sums [split][M][N] for the second kernel
+    const int tiles = m_tiles * n_tiles, split = blockIdx.x / tiles, k_first = split * work.units_per_block;
+    int m0, t0;
+    tile_origin(blockIdx.x % tiles, m0, t0);
+    accumulate(m0, t0, k_first, min(work.k_stages - k_first, work.units_per_block));
     float* partial = reinterpret_cast<float*>(args.partial) + (size_t)split * M * N;
 #pragma unroll
-    for (int i = 0; i < 2 && tile_valid; ++i) {
+    for (int i = 0; i < 2 && t0 + warp_tile < tiles64; ++i) {
       const int n = (t0 + warp_tile) * 64 + 16 * (word0 + i) + g;
 #pragma unroll
       for (int j = 0; j < C::kAcc; ++j) {
@@ -338,29 +400,61 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     }
     return;
   }
-  __syncthreads();  // every stage is consumed: the pipeline's shared memory is free for the output tile
-  T* staged = reinterpret_cast<T*>(smem);
-  const T* bias = static_cast<const T*>(args.bias);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int n = 64 * warp_tile + 16 * (word0 + i) + g;
-    const bool has_bias = bias != nullptr && tile_valid;
-    const float b_low = has_bias ? to_float(bias[t0 * 64 + n]) : 0.f;
-    const float b_high = has_bias ? to_float(bias[t0 * 64 + n + 8]) : 0.f;
-#pragma unroll
-    for (int j = 0; j < C::kAcc; ++j) {
-      const int high = j % 4 / 2;
-      staged[(8 * (j / 4) + row_in_8 + j % 2) * C::kOutRow + n + 8 * high] =
-          from_float<T>(acc[i][j] + (high ? b_high : b_low));
+
+  // Stream-K: the block's whole tiles, then its share of the others.
+  const int first_shared = work.whole_rounds * gridDim.x;
+  const int share_end = min(work.shared_units, (blockIdx.x + 1) * work.units_per_block);
+  int unit = blockIdx.x * work.units_per_block;  // the next stage of the block's share
+  for (int round = 0;; ++round) {
+    int tile, k_first, stages;
+    if (round < work.whole_rounds) {
+      tile = blockIdx.x + round * gridDim.x, k_first = 0, stages = work.k_stages;
+    } else {
+      if (unit >= share_end) break;
+      tile = first_shared + unit / work.k_stages, k_first = unit % work.k_stages;
+      stages = min(work.k_stages - k_first, share_end - unit);
+      unit += stages;
     }
-  }
-  __syncthreads();
-  T* out = static_cast<T*>(args.out);
-  for (int idx = tid; idx < BM * 32; idx += kWgThreads) {  // 32 pieces of 16 bytes per row
-    const int r = idx / 32, c = idx % 32;
-    if (m0 + r < M && t0 + c / 8 < tiles64)
-      *reinterpret_cast<uint4*>(out + (size_t)(m0 + r) * N + t0 * 64 + c * 8) =
-          *reinterpret_cast<const uint4*>(staged + r * C::kOutRow + c * 8);
+    int m0, t0;
+    tile_origin(tile, m0, t0);
+    accumulate(m0, t0, k_first, stages);
+
+    // A shared tile's sums go through per-block slots of `partial`: each thread's accumulators as float4s at
+    // a stride of the block, read back by the finishing block's thread of the same index (coalesced both
+    // ways, no layout to undo).
+    int32_t* lock = args.locks + (tile - first_shared);
+    if (k_first > 0) {  // the tile's first stages are another block's: hand the sums over to it
+      float4* slot = args.partial + (size_t)blockIdx.x * (BM / 4) * kWgThreads;
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < C::kAcc; j += 4)
+          __stcg(slot + (i * C::kAcc + j) / 4 * kWgThreads + tid,
+                 make_float4(acc[i][j], acc[i][j + 1], acc[i][j + 2], acc[i][j + 3]));
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) atomicAdd(lock, 1);
+      continue;
+    }
+    if (stages < work.k_stages) {  // blocks blockIdx.x + 1 .. last hold the tile's other stages
+      const int last = ((tile - first_shared + 1) * work.k_stages - 1) / work.units_per_block;
+      if (tid == 0) {
+        while (load_acquire(lock) < last - (int)blockIdx.x) __nanosleep(64);
+        *lock = 0;  // every part has arrived: ready for the next call
+      }
+      __syncthreads();
+      for (int b = blockIdx.x + 1; b <= last; ++b) {
+        const float4* slot = args.partial + (size_t)b * (BM / 4) * kWgThreads;
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int j = 0; j < C::kAcc; j += 4) {
+            const float4 v = __ldcg(slot + (i * C::kAcc + j) / 4 * kWgThreads + tid);
+            acc[i][j] += v.x, acc[i][j + 1] += v.y, acc[i][j + 2] += v.z, acc[i][j + 3] += v.w;
+          }
+      }
+    }
+    store_output(m0, t0);
   }
 #else
   __trap();  // built without sm_90a: the host never launches it (wgmma_serves)
@@ -392,21 +486,38 @@ __global__ void wgmma_sum_splits_kernel(const float4* partial, const T* bias, T*
 // Host side
 // ---------------------------------------------------------------------------------------------
 struct WgmmaPlan {
-  int bm;                // rows per block tile: 64 or 128
-  int tiles;             // row tiles x column tiles
-  int splits;            // k splits (1: no partial sums)
-  int stages_per_split;  // 64-k stages per split
+  int bm;            // rows per block tile: 64 or 128
+  int grid;          // blocks
+  int shared_tiles;  // tiles cut between blocks without k splits (one lock each)
+  WgWork work;
 };
 
+// Measured on an H200 (bf16, g128, benchmarks/results/2026-11-30-wgmma-stream-k.md): k splits summed by a
+// second kernel are the better share when they fill 90% of the SMs or more (70B-down M = 64: 76-84 us
+// against 88-90 stream-K; 7B-down M = 128: 29 against 39); elsewhere stream-K is (same run as the code
+// before it: 70B-qkv M = 256, 80 tiles on 132 SMs, 75.5 us against 98.5; 7B-up M = 256 83 against 105,
+// M = 64 37.5 against 40.4). Stream-K shares the last round of whole tiles plus the remainder, each
+// block's run at least 8 stages.
 WgmmaPlan plan_wgmma(int M, int K, int N, int sms) {
   WgmmaPlan p;
   p.bm = M <= 64 ? 64 : 128;
-  p.tiles = ((M + p.bm - 1) / p.bm) * ((N + kWgN - 1) / kWgN);
-  // Fewer tiles than SMs: split K so that every SM streams weight, each split 8 stages or more.
-  const int k_stages = K / kWgK;
-  const int splits = p.tiles >= sms ? 1 : std::max(1, std::min(sms / p.tiles, k_stages / 8));
-  p.stages_per_split = (k_stages + splits - 1) / splits;
-  p.splits = (k_stages + p.stages_per_split - 1) / p.stages_per_split;
+  const int tiles = ((M + p.bm - 1) / p.bm) * ((N + kWgN - 1) / kWgN);
+  WgWork& w = p.work;
+  w.k_stages = K / kWgK;
+  const int splits = tiles >= sms ? 1 : std::max(1, std::min(sms / tiles, w.k_stages / 8));
+  if (splits > 1 && 10 * tiles * splits >= 9 * sms) {
+    w.units_per_block = (w.k_stages + splits - 1) / splits;
+    w.splits = (w.k_stages + w.units_per_block - 1) / w.units_per_block;
+    w.whole_rounds = w.shared_units = 0;
+    p.grid = tiles * w.splits, p.shared_tiles = 0;
+    return p;
+  }
+  w.splits = 1;
+  w.whole_rounds = tiles % sms == 0 ? tiles / sms : std::max(tiles / sms - 1, 0);
+  p.shared_tiles = tiles - w.whole_rounds * sms;
+  w.shared_units = p.shared_tiles * w.k_stages;
+  w.units_per_block = std::max((w.shared_units + sms - 1) / sms, std::min(w.k_stages, 8));
+  p.grid = w.whole_rounds > 0 ? sms : (w.shared_units + w.units_per_block - 1) / w.units_per_block;
   return p;
 }
 
@@ -458,18 +569,19 @@ const char* encode_maps(WgMaps* maps, const GemmArgs& args, int bm) {
 
 template <typename T, int BM, bool kHasZeros>
 const char* launch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, int sms, cudaStream_t stream) {
-  auto kernel = marlin_wgmma_kernel<T, BM, kHasZeros>;
+  auto kernel = plan.work.splits > 1 ? marlin_wgmma_kernel<T, BM, kHasZeros, true>
+                                     : marlin_wgmma_kernel<T, BM, kHasZeros, false>;
   constexpr int kSmem = WgTile<BM>::kSmemBytes;
   WgMaps maps;
   if (const char* bad = encode_maps<T>(&maps, args, BM)) return bad;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return cudaGetErrorString(err);
-  kernel<<<plan.tiles * plan.splits, kWgThreads, kSmem, stream>>>(args, maps, plan.stages_per_split);
-  if (plan.splits > 1) {
+  kernel<<<plan.grid, kWgThreads, kSmem, stream>>>(args, maps, plan.work);
+  if (plan.work.splits > 1) {
     const int64_t quads = (int64_t)args.M * args.N / 4;
     const int grid = (int)std::min<int64_t>((quads + 255) / 256, 8 * sms);
     wgmma_sum_splits_kernel<T><<<grid, 256, 0, stream>>>(args.partial, static_cast<const T*>(args.bias),
-                                                         static_cast<T*>(args.out), quads, args.N, plan.splits);
+                                                         static_cast<T*>(args.out), quads, args.N, plan.work.splits);
   }
   err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
@@ -495,7 +607,12 @@ bool wgmma_serves(const DeviceInfo& device, int M, int N) {
 
 int64_t wgmma_partial_floats(const DeviceInfo& device, int M, int K, int N) {
   const WgmmaPlan plan = plan_wgmma(M, K, N, device.sms);
-  return plan.splits > 1 ? (int64_t)plan.splits * M * N : 0;
+  if (plan.work.splits > 1) return (int64_t)plan.work.splits * M * N;
+  return plan.shared_tiles > 0 ? (int64_t)plan.grid * plan.bm * kWgN : 0;  // a tile's sums per block
+}
+
+int64_t wgmma_lock_count(const DeviceInfo& device, int M, int K, int N) {
+  return plan_wgmma(M, K, N, device.sms).shared_tiles;
 }
 
 const char* wgmma_gemm(const GemmArgs& args, bool is_bf16, const DeviceInfo& device, cudaStream_t stream) {

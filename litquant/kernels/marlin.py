@@ -132,11 +132,10 @@ class MarlinQuantLinear(QuantLinear):
     # an H200, Llama-2-70B MLP shapes, bf16 g128: fused 185 us at M=64 and 340 us at M=128; dequantize
     # (~140 us) + cuBLAS (138 us at M=128) ~ 280 us (benchmarks/results/2026-11-30-marlin-layers.log).
     mma_dense_from_m: ClassVar[int] = 128
-    # wgmma (Hopper), same shapes: fused 534 us against dense 646 us at M=256, 1899 against 1524 at
-    # M=1024 (70B-down and the 7B layers cross over at the same place); 512 lies between the two.
-    # Since the stage copies go through tensor maps, the two are level at M=1024 (fused 1507 / 303 /
-    # 137 us against dense 1553 / 272 / 146 on 70B-up / 70B-qkv / 7B-down: 2026-11-30-wgmma-copies.md).
-    wgmma_dense_from_m: ClassVar[int] = 512
+    # wgmma (Hopper), bf16 g128, all six Llama-2 7B/70B layers (2026-11-30-wgmma-stream-k.md): fused
+    # 6-22% faster at M=512 (70B-qkv 142-155 us against 169-170), level at 768 (within 6% either way),
+    # dense level to 12% faster at 1024 and 3-20% at 2048.
+    wgmma_dense_from_m: ClassVar[int] = 768
 
     @classmethod
     def unavailable(cls):
@@ -182,8 +181,12 @@ class MarlinQuantLinear(QuantLinear):
         self.register_buffer("zeros", None if qw.sym else pack_zeros(zeros))
         hopper = codes.is_cuda and torch.cuda.get_device_capability(codes.device) == (9, 0)
         self.dense_from_m = self.wgmma_dense_from_m if hopper else self.mma_dense_from_m
-        chunks = -(-(self.mma_dense_from_m - 1) // ROWS_PER_PASS)  # locks of the mma.sync path
-        self.register_buffer("locks", torch.zeros(chunks * (n // 64), dtype=torch.int32, device=codes.device))
+        # Locks: the mma.sync path's (one per 64 columns and pass of rows) or the wgmma path's (one per
+        # tile shared between blocks: fewer than two per SM).
+        chunks = -(-(self.mma_dense_from_m - 1) // ROWS_PER_PASS)
+        sms = torch.cuda.get_device_properties(codes.device).multi_processor_count if codes.is_cuda else 0
+        self.register_buffer("locks", torch.zeros(max(chunks * (n // 64), 2 * sms), dtype=torch.int32,
+                                                  device=codes.device))
         self.set_bias(qw.bias)
         if codes.is_cuda:
             load_ops(codes.device)
