@@ -15,11 +15,15 @@
 //   like mma.m16n8k16's A fragment. In the marlin layout, word j of a lane's uint4 (one 16 x 64 tile)
 //   dequantizes to the B fragments of subtiles 2j and 2j + 1, which together are exactly that A fragment
 //   for output features 16j..16j+15 of the tile: rows g (subtile 2j) and g + 8 (subtile 2j + 1), in the
-//   register order {b0b1 of 2j, b0b1 of 2j+1, b2b3 of 2j, b2b3 of 2j+1}. A warp reads two neighbouring
-//   words (8 bytes) of each lane's uint4, one per instruction (see `warp_tile`); the rows of an
-//   instruction are thus a known permutation of the output features, undone when the output is written.
-// Block tile: 256 output features (4 tiles of 64; warpgroup h takes tiles 2h and 2h + 1) x BM rows,
-//   over stages of 64 k. The activations of a stage, BM rows x 128 bytes, are stored with the 128-byte
+//   register order {b0b1 of 2j, b0b1 of 2j+1, b2b3 of 2j, b2b3 of 2j+1}. With two instructions a k16
+//   step, a warp reads two neighbouring words (8 bytes) of each lane's uint4, one per instruction (see
+//   `warp_tile`); the rows of an instruction are thus a known permutation of the output features, undone
+//   when the output is written. With one, warp w reads word w.
+// Block tile: for BM = 64 or 128 rows, 256 output features (4 tiles of 64; warpgroup h takes tiles 2h
+//   and 2h + 1, two m64nBMk16 instructions a k16 step); for BM = 256 (M > 128), 128 features (warpgroup h
+//   takes tile h, one m64n256k16 instruction): the same accumulators and tensor work a stage, half the
+//   dequantization per product (M = 256-512: 2-15% faster, 2026-11-30-wgmma-stream-k.md), for twice the
+//   activation bytes a stage. Stages of 64 k. The activations of a stage, BM rows x 128 bytes, are stored with the 128-byte
 //   swizzle the B descriptor declares (16-byte chunk c of row r at chunk c ^ (r % 8), 1024-byte aligned
 //   atoms of 8 rows), so that the tensor cores read them without bank conflicts; the k16 steps inside
 //   the stage are the descriptor's start address moved by 32 bytes.
@@ -27,7 +31,7 @@
 //   activations, with the swizzle and zeros past M; the weight words of the four k16 steps; the scale
 //   rows; the zero-point rows), all counted on the stage's "full" mbarrier. Each step dequantizes
 //   its stage's weights into one of two register sets while the previous step's wgmmas still run,
-//   issues its own (8 per warpgroup), waits for the previous ones and releases their stage on its
+//   issues its own (4 or 8 per warpgroup), waits for the previous ones and releases their stage on its
 //   "empty" mbarrier. A first version filled the ring with cp.async from every thread; the copies'
 //   address arithmetic, the proxy fence that cp.async data needs before wgmma reads it, and the block
 //   barrier of every step cost 20-25% at large M (ncu: a third of the warps' time at the barrier).
@@ -52,12 +56,16 @@ namespace litquant_marlin {
 namespace {
 
 constexpr int kWgThreads = 256;  // two warpgroups
-constexpr int kWgN = 256;        // output features per block
 constexpr int kWgK = 64;         // k per stage: one 128-byte row of activations
 constexpr int kGroupM = 8;       // row tiles that sweep the column tiles together (L2 reuse at large M)
 
+// Block tiles: BM = 64 or 128 rows x 256 columns (each warpgroup two 64-column tiles, two instructions a
+// k16 step), or 256 rows x 128 columns (each warpgroup one tile, one m64n256 instruction a k16 step).
 template <int BM>
 struct WgTile {
+  static constexpr int kWgN = BM == 256 ? 128 : 256;  // output features per block
+  static constexpr int kInstr = kWgN / 128;          // instructions per k16 step and warpgroup
+  static constexpr int kTiles = kWgN / 64;           // 64-column tiles per block
   static constexpr int kX = BM * 128;           // bytes of activations per stage
   static constexpr int kW = kWgK * kWgN / 2;    // bytes of weights per stage: [k16][tile][lane] uint4
   static constexpr int kScaleRow = kWgN * 2;    // bytes of one group row of scales (2 a column)
@@ -65,12 +73,13 @@ struct WgTile {
   static constexpr int kScales = 2 * kScaleRow;  // room for two group rows (groups of 32)
   static constexpr int kZeros = 2 * kZeroRow;
   static constexpr int kStage = (kX + kW + kScales + kZeros + 1023) / 1024 * 1024;  // swizzle atoms: 1024-aligned
-  static constexpr int kStages = (220 * 1024 - 1024) / kStage;  // as many as fit (8 to 15): latency hiding at small M
+  static constexpr int kStages = (220 * 1024 - 1024) / kStage;  // as many as fit (5 to 15): latency hiding at small M
   static constexpr int kOutRow = kWgN + 8;  // staged output row, padded so the fragment scatter hits all banks
   static constexpr int kPipeBytes = kStages * kStage;
   static constexpr int kOutBytes = BM * kOutRow * 2;
   static constexpr int kSmemBytes = (kPipeBytes > kOutBytes ? kPipeBytes : kOutBytes) + 1024;  // + alignment
   static constexpr int kAcc = BM / 2;  // fp32 accumulators per thread per instruction
+  static constexpr int kThreadAcc = kInstr * kAcc;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -131,6 +140,7 @@ __device__ __forceinline__ void fence_register(float& r) { asm volatile("" : "+f
 #define LQ_D16(d, o) LQ_D4(d, o), LQ_D4(d, (o) + 4), LQ_D4(d, (o) + 8), LQ_D4(d, (o) + 12)
 #define LQ_D32(d, o) LQ_D16(d, o), LQ_D16(d, (o) + 16)
 #define LQ_D64(d, o) LQ_D32(d, o), LQ_D32(d, (o) + 32)
+#define LQ_D128(d, o) LQ_D64(d, o), LQ_D64(d, (o) + 64)
 #define LQ_A4(a) "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
 #define LQ_WGMMA_OPERANDS_64                                                                               \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
@@ -140,6 +150,14 @@ __device__ __forceinline__ void fence_register(float& r) { asm volatile("" : "+f
   "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "  \
   "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "  \
   "%62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
+#define LQ_WGMMA_OPERANDS_256 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, " \
+  "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, " \
+  "%59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, " \
+  "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, " \
+  "%97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, " \
+  "%113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n"
 // scale-d is the predicate p (accumulate into d, or overwrite it): its operand follows the descriptor.
 #define LQ_WGMMA(N, TYPE, PRED)                                                                      \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %" #PRED ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE \
@@ -156,10 +174,13 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
   if constexpr (N == 64) {
     if constexpr (kBf16) asm volatile(LQ_WGMMA(64, "bf16", 37) : LQ_D32(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
     else asm volatile(LQ_WGMMA(64, "f16", 37) : LQ_D32(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
-  } else {
-    static_assert(N == 128, "wgmma_rs is written for 64 and 128 columns");
+  } else if constexpr (N == 128) {
     if constexpr (kBf16) asm volatile(LQ_WGMMA(128, "bf16", 69) : LQ_D64(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
     else asm volatile(LQ_WGMMA(128, "f16", 69) : LQ_D64(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
+  } else {
+    static_assert(N == 256, "wgmma_rs is written for 64, 128 and 256 columns");
+    if constexpr (kBf16) asm volatile(LQ_WGMMA(256, "bf16", 133) : LQ_D128(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
+    else asm volatile(LQ_WGMMA(256, "f16", 133) : LQ_D128(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
   }
 #endif
 }
@@ -223,7 +244,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   // 2 wg + w / 2 (8 bytes a lane: half the bank conflicts of one word), the first for instruction 0,
   // the second for instruction 1. So each instruction's 64 rows are slices {i, 2 + i} of the
   // warpgroup's two tiles, and the two instructions cover both tiles.
-  const int warp_tile = 2 * wg + w / 2, word0 = 2 * (w % 2);
+  // With one tile a warpgroup (BM = 256), warp w reads word w: instruction 0 covers the tile in order.
+  constexpr int kInstr = C::kInstr, kWgN = C::kWgN;
+  const int warp_tile = kInstr * wg + w / (4 / kInstr), word0 = kInstr * (w % (4 / kInstr));
   const int M = args.M, N = args.N, shift = args.group_shift;
   const int tiles64 = N / 64;
   const bool two_group_rows = shift == 5;  // groups of 32: two per stage
@@ -236,7 +259,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const int per_group = kGroupM * n_tiles, first_m = tile / per_group * kGroupM;
     const int group_m = min(m_tiles - first_m, kGroupM);
     m0 = (first_m + (tile % per_group) % group_m) * BM;
-    t0 = (tile % per_group) / group_m * 4;
+    t0 = (tile % per_group) / group_m * C::kTiles;
   };
 
   // The copies of a stage, issued by one thread and tracked by the stage's "full" barrier: one
@@ -263,33 +286,41 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   };
 
   // The A fragments of one stage for this thread: [instruction][k16 step][register].
-  using Fragments = uint32_t[2][4][4];
+  using Fragments = uint32_t[kInstr][4][4];
   auto dequantize = [&](int slot, Fragments& a) {
     const uint8_t* st = smem + slot * C::kStage;
     const uint2* word_pairs = reinterpret_cast<const uint2*>(st + C::kX);
     const uint32_t* scale_pairs = reinterpret_cast<const uint32_t*>(st + C::kX + C::kW);
     const uint32_t* zero_words = reinterpret_cast<const uint32_t*>(st + C::kX + C::kW + C::kScales);
-    uint2 q[4];  // per k16 step: the words of instructions 0 and 1
+    uint32_t q[4][kInstr];  // per k16 step: the words of the instructions
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) q[kk] = word_pairs[((kk * 4 + warp_tile) * 32 + lane) * 2 + w % 2];
+    for (int kk = 0; kk < 4; ++kk) {
+      if constexpr (kInstr == 2) {
+        const uint2 pair = word_pairs[((kk * C::kTiles + warp_tile) * 32 + lane) * 2 + w % 2];
+        q[kk][0] = pair.x, q[kk][1] = pair.y;
+      } else {
+        q[kk][0] = reinterpret_cast<const uint32_t*>(word_pairs)[((kk * C::kTiles + warp_tile) * 32 + lane) * 4 + w];
+      }
+    }
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < kInstr; ++i) {
       WordConstants<T> consts;
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         if (kk == 0 || (kk == 2 && two_group_rows)) {
-          const int at = (kk / 2) * 32 + warp_tile * 8 + lane / 4;  // uint4 of scales / uint2 of zeros of column lane / 4
-          const uint32_t zeros = kHasZeros ? zero_words[at * 2 + w % 2] >> (8 * i) : kSymmetricZeros;
-          consts.load(scale_pairs[at * 4 + word0 + i], zeros);
+          const int at = (kk / 2) * (kWgN / 8) + warp_tile * 8 + lane / 4;  // uint4 of scales / uint2 of zeros of column lane / 4
+          const int word = word0 + i;
+          const uint32_t zeros = kHasZeros ? zero_words[at * 2 + word / 2] >> (8 * (word % 2)) : kSymmetricZeros;
+          consts.load(scale_pairs[at * 4 + word], zeros);
         }
         uint32_t b[4];
-        consts.dequant(i ? q[kk].y : q[kk].x, b);
+        consts.dequant(q[kk][i], b);
         a[i][kk][0] = b[0], a[i][kk][1] = b[2], a[i][kk][2] = b[1], a[i][kk][3] = b[3];
       }
     }
   };
 
-  float acc[2][C::kAcc];  // written first by the wgmmas of a run's first stage, which do not accumulate
+  float acc[kInstr][C::kAcc];  // written first by the wgmmas of a run's first stage, which do not accumulate
 
   auto issue = [&](int slot, const Fragments& a, bool first) {
     const uint32_t x_tile = smem_address(smem + slot * C::kStage);
@@ -298,7 +329,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     for (int kk = 0; kk < 4; ++kk) {
       const uint64_t desc = swizzled_descriptor(x_tile + kk * 32);
 #pragma unroll
-      for (int i = 0; i < 2; ++i) wgmma_rs<T, BM>(acc[i], a[i][kk], desc, !first || kk > 0);
+      for (int i = 0; i < kInstr; ++i) wgmma_rs<T, BM>(acc[i], a[i][kk], desc, !first || kk > 0);
     }
     wgmma_commit();
   };
@@ -344,7 +375,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     arrive_barrier(&empty[(ring + stages - 1) % C::kStages]);
     ring += stages;
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < kInstr; ++i)
 #pragma unroll
       for (int j = 0; j < C::kAcc; ++j) fence_register(acc[i][j]);
   };
@@ -360,7 +391,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const T* bias = static_cast<const T*>(args.bias);
     const bool tile_valid = t0 + warp_tile < tiles64;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < kInstr; ++i) {
       const int n = 64 * warp_tile + 16 * (word0 + i) + g;
       const bool has_bias = bias != nullptr && tile_valid;
       const float b_low = has_bias ? to_float(bias[t0 * 64 + n]) : 0.f;
@@ -374,8 +405,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     }
     __syncthreads();
     T* out = static_cast<T*>(args.out);
-    for (int idx = tid; idx < BM * 32; idx += kWgThreads) {  // 32 pieces of 16 bytes per row
-      const int r = idx / 32, c = idx % 32;
+    constexpr int kPieces = kWgN / 8;  // pieces of 16 bytes per row
+    for (int idx = tid; idx < BM * kPieces; idx += kWgThreads) {
+      const int r = idx / kPieces, c = idx % kPieces;
       if (m0 + r < M && t0 + c / 8 < tiles64)
         *reinterpret_cast<uint4*>(out + (size_t)(m0 + r) * N + t0 * 64 + c * 8) =
             *reinterpret_cast<const uint4*>(staged + r * C::kOutRow + c * 8);
@@ -390,7 +422,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     accumulate(m0, t0, k_first, min(work.k_stages - k_first, work.units_per_block));
     float* partial = reinterpret_cast<float*>(args.partial) + (size_t)split * M * N;
 #pragma unroll
-    for (int i = 0; i < 2 && t0 + warp_tile < tiles64; ++i) {
+    for (int i = 0; i < kInstr && t0 + warp_tile < tiles64; ++i) {
       const int n = (t0 + warp_tile) * 64 + 16 * (word0 + i) + g;
 #pragma unroll
       for (int j = 0; j < C::kAcc; ++j) {
@@ -424,9 +456,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     // ways, no layout to undo).
     int32_t* lock = args.locks + (tile - first_shared);
     if (k_first > 0) {  // the tile's first stages are another block's: hand the sums over to it
-      float4* slot = args.partial + (size_t)blockIdx.x * (BM / 4) * kWgThreads;
+      float4* slot = args.partial + (size_t)blockIdx.x * (C::kThreadAcc / 4) * kWgThreads;
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
+      for (int i = 0; i < kInstr; ++i)
 #pragma unroll
         for (int j = 0; j < C::kAcc; j += 4)
           __stcg(slot + (i * C::kAcc + j) / 4 * kWgThreads + tid,
@@ -444,9 +476,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       }
       __syncthreads();
       for (int b = blockIdx.x + 1; b <= last; ++b) {
-        const float4* slot = args.partial + (size_t)b * (BM / 4) * kWgThreads;
+        const float4* slot = args.partial + (size_t)b * (C::kThreadAcc / 4) * kWgThreads;
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
+        for (int i = 0; i < kInstr; ++i)
 #pragma unroll
           for (int j = 0; j < C::kAcc; j += 4) {
             const float4 v = __ldcg(slot + (i * C::kAcc + j) / 4 * kWgThreads + tid);
@@ -498,10 +530,13 @@ struct WgmmaPlan {
 // before it: 70B-qkv M = 256, 80 tiles on 132 SMs, 75.5 us against 98.5; 7B-up M = 256 83 against 105,
 // M = 64 37.5 against 40.4). Stream-K shares the last round of whole tiles plus the remainder, each
 // block's run at least 8 stages.
+constexpr int block_columns(int bm) { return bm == 256 ? 128 : 256; }
+
 WgmmaPlan plan_wgmma(int M, int K, int N, int sms) {
   WgmmaPlan p;
-  p.bm = M <= 64 ? 64 : 128;
-  const int tiles = ((M + p.bm - 1) / p.bm) * ((N + kWgN - 1) / kWgN);
+  p.bm = M <= 64 ? 64 : M <= 128 ? 128 : 256;
+  const int columns = block_columns(p.bm);
+  const int tiles = ((M + p.bm - 1) / p.bm) * ((N + columns - 1) / columns);
   WgWork& w = p.work;
   w.k_stages = K / kWgK;
   const int splits = tiles >= sms ? 1 : std::max(1, std::min(sms / tiles, w.k_stages / 8));
@@ -554,16 +589,16 @@ template <typename T>
 const char* encode_maps(WgMaps* maps, const GemmArgs& args, int bm) {
   if (tensor_map_encoder() == nullptr) return "marlin: the CUDA driver has no cuTensorMapEncodeTiled";
   const uint64_t K = args.K, N = args.N, groups = args.group_shift < 0 ? 1 : K >> args.group_shift;
-  const uint32_t group_rows = args.group_shift == 5 ? 2 : 1;
+  const uint32_t group_rows = args.group_shift == 5 ? 2 : 1, columns = block_columns(bm);
   const CUtensorMapDataType type =
       std::is_same<T, half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   constexpr CUtensorMapDataType kWord = CU_TENSOR_MAP_DATA_TYPE_UINT64;
   constexpr CUtensorMapSwizzle kPlain = CU_TENSOR_MAP_SWIZZLE_NONE;
   bool ok = encode_map(&maps->x, type, args.x, K, args.M, K * sizeof(T), kWgK, bm, CU_TENSOR_MAP_SWIZZLE_128B) &&
-            encode_map(&maps->weights, kWord, args.qweight, N, K / 16, N * 8, kWgN, 4, kPlain) &&
-            encode_map(&maps->scales, kWord, args.scales, N / 4, groups, N * 2, kWgN / 4, group_rows, kPlain);
+            encode_map(&maps->weights, kWord, args.qweight, N, K / 16, N * 8, columns, 4, kPlain) &&
+            encode_map(&maps->scales, kWord, args.scales, N / 4, groups, N * 2, columns / 4, group_rows, kPlain);
   if (ok && args.zeros != nullptr)
-    ok = encode_map(&maps->zeros, kWord, args.zeros, N / 8, groups, N, kWgN / 8, group_rows, kPlain);
+    ok = encode_map(&maps->zeros, kWord, args.zeros, N / 8, groups, N, columns / 8, group_rows, kPlain);
   return ok ? nullptr : "marlin: cuTensorMapEncodeTiled refused a tensor of this call";
 }
 
@@ -592,7 +627,8 @@ const char* dispatch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, int sms,
   const bool z = args.zeros != nullptr;
   switch (plan.bm) {
     case 64: return z ? launch_wgmma<T, 64, true>(args, plan, sms, stream) : launch_wgmma<T, 64, false>(args, plan, sms, stream);
-    default: return z ? launch_wgmma<T, 128, true>(args, plan, sms, stream) : launch_wgmma<T, 128, false>(args, plan, sms, stream);
+    case 128: return z ? launch_wgmma<T, 128, true>(args, plan, sms, stream) : launch_wgmma<T, 128, false>(args, plan, sms, stream);
+    default: return z ? launch_wgmma<T, 256, true>(args, plan, sms, stream) : launch_wgmma<T, 256, false>(args, plan, sms, stream);
   }
 }
 
@@ -608,7 +644,7 @@ bool wgmma_serves(const DeviceInfo& device, int M, int N) {
 int64_t wgmma_partial_floats(const DeviceInfo& device, int M, int K, int N) {
   const WgmmaPlan plan = plan_wgmma(M, K, N, device.sms);
   if (plan.work.splits > 1) return (int64_t)plan.work.splits * M * N;
-  return plan.shared_tiles > 0 ? (int64_t)plan.grid * plan.bm * kWgN : 0;  // a tile's sums per block
+  return plan.shared_tiles > 0 ? (int64_t)plan.grid * plan.bm * block_columns(plan.bm) : 0;  // a tile's sums per block
 }
 
 int64_t wgmma_lock_count(const DeviceInfo& device, int M, int K, int N) {

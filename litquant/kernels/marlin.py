@@ -132,10 +132,10 @@ class MarlinQuantLinear(QuantLinear):
     # an H200, Llama-2-70B MLP shapes, bf16 g128: fused 185 us at M=64 and 340 us at M=128; dequantize
     # (~140 us) + cuBLAS (138 us at M=128) ~ 280 us (benchmarks/results/2026-11-30-marlin-layers.log).
     mma_dense_from_m: ClassVar[int] = 128
-    # wgmma (Hopper), bf16 g128, all six Llama-2 7B/70B layers (2026-11-30-wgmma-stream-k.md): fused
-    # 6-22% faster at M=512 (70B-qkv 142-155 us against 169-170), level at 768 (within 6% either way),
-    # dense level to 12% faster at 1024 and 3-20% at 2048.
-    wgmma_dense_from_m: ClassVar[int] = 768
+    # wgmma (Hopper), bf16 g128, all six Llama-2 7B/70B layers, same run (2026-11-30-wgmma-stream-k.md):
+    # fused 2-20% faster than dense at M=768, 2-5% at 1024 except 70B-down (dense 7% faster); at 2048
+    # dense is 3-20% faster.
+    wgmma_dense_from_m: ClassVar[int] = 1024
 
     @classmethod
     def unavailable(cls):
