@@ -215,7 +215,7 @@ struct GemmArgs {
   const uint2* zeros;    // [G, N/8] or nullptr (symmetric)
   const void* bias;      // [N] or nullptr
   void* out;             // [M, N]
-  float4* partial;       // fp32 scratch: columns cut between blocks (marlin.cu), k splits (wgmma.cu)
+  float4* partial;       // fp32 scratch: columns cut between blocks (marlin.cu), k splits or shared tiles (wgmma.cu)
   int32_t* locks;        // one per column (marlin.cu), 64-column tile (decode.cu) or shared tile (wgmma.cu),
                          // zero between calls
   int M, K, N;
