@@ -15,14 +15,15 @@
 //   like mma.m16n8k16's A fragment. In the marlin layout, word j of a lane's uint4 (one 16 x 64 tile)
 //   dequantizes to the B fragments of subtiles 2j and 2j + 1, which together are exactly that A fragment
 //   for output features 16j..16j+15 of the tile: rows g (subtile 2j) and g + 8 (subtile 2j + 1), in the
-//   register order {b0b1 of 2j, b0b1 of 2j+1, b2b3 of 2j, b2b3 of 2j+1}. With two instructions a k16
-//   step, a warp reads two neighbouring words (8 bytes) of each lane's uint4, one per instruction (see
-//   `warp_tile`); the rows of an instruction are thus a known permutation of the output features, undone
-//   when the output is written. With one, warp w reads word w.
-// Block tile: for BM = 64 or 128 rows, 256 output features (4 tiles of 64; warpgroup h takes tiles 2h
-//   and 2h + 1, two m64nBMk16 instructions a k16 step); for BM = 256 (M > 128), 128 features (warpgroup h
-//   takes tile h, one m64n256k16 instruction): the same accumulators and tensor work a stage, half the
-//   dequantization per product (M = 256-512: 2-15% faster, 2026-11-30-wgmma-stream-k.md), for twice the
+//   register order {b0b1 of 2j, b0b1 of 2j+1, b2b3 of 2j, b2b3 of 2j+1}. So warp w reads word w of each
+//   lane's uint4 of its warpgroup's tile, and the instruction covers the tile's 64 features in order.
+// Block tile: for BM = 64 or 128 rows, 256 output features (4 tiles of 64) on four warpgroups, warpgroup
+//   h taking tile h (one m64nBMk16 instruction a k16 step: at these sizes the kernel waits on latency more
+//   than on issue, and twice the warps of two-tile warpgroups made M = 64-128 3-9% faster on the layers
+//   that split K, level elsewhere: 2026-11-30-wgmma-warpgroups.md); for BM = 256 (M > 128), 128 features on
+//   two warpgroups (warpgroup h takes tile h, one m64n256k16 instruction), as the accumulators of four
+//   would not fit: the same tensor work a stage as two m64n128k16 a warpgroup, half the dequantization per
+//   product (M = 256-512: 2-15% faster, 2026-11-30-wgmma-stream-k.md), for twice the
 //   activation bytes a stage. Stages of 64 k. The activations of a stage, BM rows x 128 bytes, are stored with the 128-byte
 //   swizzle the B descriptor declares (16-byte chunk c of row r at chunk c ^ (r % 8), 1024-byte aligned
 //   atoms of 8 rows), so that the tensor cores read them without bank conflicts; the k16 steps inside
@@ -55,17 +56,17 @@
 namespace litquant_marlin {
 namespace {
 
-constexpr int kWgThreads = 256;  // two warpgroups
 constexpr int kWgK = 64;         // k per stage: one 128-byte row of activations
 constexpr int kGroupM = 8;       // row tiles that sweep the column tiles together (L2 reuse at large M)
 
-// Block tiles: BM = 64 or 128 rows x 256 columns (each warpgroup two 64-column tiles, two instructions a
-// k16 step), or 256 rows x 128 columns (each warpgroup one tile, one m64n256 instruction a k16 step).
+// Block tiles (see the top of the file): BM = 64 or 128 rows x 256 columns on four warpgroups, 256 rows x
+// 128 columns on two; each warpgroup one 64-column tile, one instruction a k16 step.
 template <int BM>
 struct WgTile {
-  static constexpr int kWgN = BM == 256 ? 128 : 256;  // output features per block
-  static constexpr int kInstr = kWgN / 128;          // instructions per k16 step and warpgroup
-  static constexpr int kTiles = kWgN / 64;           // 64-column tiles per block
+  static constexpr int kThreads = BM <= 128 ? 512 : 256;
+  static constexpr int kWarpgroups = kThreads / 128;
+  static constexpr int kTiles = kWarpgroups;  // 64-column tiles per block
+  static constexpr int kWgN = 64 * kTiles;    // output features per block
   static constexpr int kX = BM * 128;           // bytes of activations per stage
   static constexpr int kW = kWgK * kWgN / 2;    // bytes of weights per stage: [k16][tile][lane] uint4
   static constexpr int kScaleRow = kWgN * 2;    // bytes of one group row of scales (2 a column)
@@ -73,13 +74,12 @@ struct WgTile {
   static constexpr int kScales = 2 * kScaleRow;  // room for two group rows (groups of 32)
   static constexpr int kZeros = 2 * kZeroRow;
   static constexpr int kStage = (kX + kW + kScales + kZeros + 1023) / 1024 * 1024;  // swizzle atoms: 1024-aligned
-  static constexpr int kStages = (220 * 1024 - 1024) / kStage;  // as many as fit (5 to 15): latency hiding at small M
+  static constexpr int kStages = (220 * 1024 - 1024) / kStage;  // as many as fit (5 to 12): latency hiding at small M
   static constexpr int kOutRow = kWgN + 8;  // staged output row, padded so the fragment scatter hits all banks
   static constexpr int kPipeBytes = kStages * kStage;
   static constexpr int kOutBytes = BM * kOutRow * 2;
   static constexpr int kSmemBytes = (kPipeBytes > kOutBytes ? kPipeBytes : kOutBytes) + 1024;  // + alignment
-  static constexpr int kAcc = BM / 2;  // fp32 accumulators per thread per instruction
-  static constexpr int kThreadAcc = kInstr * kAcc;
+  static constexpr int kAcc = BM / 2;  // fp32 accumulators per thread
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -230,7 +230,7 @@ struct WgWork {
 // kSplits: the launch is k splits (work.splits > 1), compiled apart from stream-K so that neither pays for the
 // other's registers (the split kernel then knows its one run starts the ring).
 template <typename T, int BM, bool kHasZeros, bool kSplits>
-__global__ void __launch_bounds__(kWgThreads, 1)
+__global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
     marlin_wgmma_kernel(const GemmArgs args, const __grid_constant__ WgMaps maps, const WgWork work) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WgTile<BM>;
@@ -240,13 +240,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wg = warp / 4, w = warp % 4;  // warpgroup, and warp in it
-  // Warp w of warpgroup wg reads words 2(w % 2) and 2(w % 2) + 1 of each lane's uint4 of tile
-  // 2 wg + w / 2 (8 bytes a lane: half the bank conflicts of one word), the first for instruction 0,
-  // the second for instruction 1. So each instruction's 64 rows are slices {i, 2 + i} of the
-  // warpgroup's two tiles, and the two instructions cover both tiles.
-  // With one tile a warpgroup (BM = 256), warp w reads word w: instruction 0 covers the tile in order.
-  constexpr int kInstr = C::kInstr, kWgN = C::kWgN;
-  const int warp_tile = kInstr * wg + w / (4 / kInstr), word0 = kInstr * (w % (4 / kInstr));
+  constexpr int kWgN = C::kWgN;
   const int M = args.M, N = args.N, shift = args.group_shift;
   const int tiles64 = N / 64;
   const bool two_group_rows = shift == 5;  // groups of 32: two per stage
@@ -285,42 +279,32 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     if (kHasZeros) load_tile(st + C::kX + C::kW + C::kScales, &maps.zeros, t0 * 8, g0, bar);
   };
 
-  // The A fragments of one stage for this thread: [instruction][k16 step][register].
-  using Fragments = uint32_t[kInstr][4][4];
+  // The A fragments of one stage for this thread: [k16 step][register]. Warp w reads word w of each lane's
+  // uint4 of its warpgroup's tile (tile wg of the block).
+  using Fragments = uint32_t[4][4];
   auto dequantize = [&](int slot, Fragments& a) {
     const uint8_t* st = smem + slot * C::kStage;
-    const uint2* word_pairs = reinterpret_cast<const uint2*>(st + C::kX);
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(st + C::kX);
     const uint32_t* scale_pairs = reinterpret_cast<const uint32_t*>(st + C::kX + C::kW);
     const uint32_t* zero_words = reinterpret_cast<const uint32_t*>(st + C::kX + C::kW + C::kScales);
-    uint32_t q[4][kInstr];  // per k16 step: the words of the instructions
+    uint32_t q[4];  // per k16 step
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) q[kk] = words[((kk * C::kTiles + wg) * 32 + lane) * 4 + w];
+    WordConstants<T> consts;
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      if constexpr (kInstr == 2) {
-        const uint2 pair = word_pairs[((kk * C::kTiles + warp_tile) * 32 + lane) * 2 + w % 2];
-        q[kk][0] = pair.x, q[kk][1] = pair.y;
-      } else {
-        q[kk][0] = reinterpret_cast<const uint32_t*>(word_pairs)[((kk * C::kTiles + warp_tile) * 32 + lane) * 4 + w];
+      if (kk == 0 || (kk == 2 && two_group_rows)) {
+        const int at = (kk / 2) * (kWgN / 8) + wg * 8 + lane / 4;  // uint4 of scales / uint2 of zeros of column lane / 4
+        const uint32_t zeros = kHasZeros ? zero_words[at * 2 + w / 2] >> (8 * (w % 2)) : kSymmetricZeros;
+        consts.load(scale_pairs[at * 4 + w], zeros);
       }
-    }
-#pragma unroll
-    for (int i = 0; i < kInstr; ++i) {
-      WordConstants<T> consts;
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        if (kk == 0 || (kk == 2 && two_group_rows)) {
-          const int at = (kk / 2) * (kWgN / 8) + warp_tile * 8 + lane / 4;  // uint4 of scales / uint2 of zeros of column lane / 4
-          const int word = word0 + i;
-          const uint32_t zeros = kHasZeros ? zero_words[at * 2 + word / 2] >> (8 * (word % 2)) : kSymmetricZeros;
-          consts.load(scale_pairs[at * 4 + word], zeros);
-        }
-        uint32_t b[4];
-        consts.dequant(q[kk][i], b);
-        a[i][kk][0] = b[0], a[i][kk][1] = b[2], a[i][kk][2] = b[1], a[i][kk][3] = b[3];
-      }
+      uint32_t b[4];
+      consts.dequant(q[kk], b);
+      a[kk][0] = b[0], a[kk][1] = b[2], a[kk][2] = b[1], a[kk][3] = b[3];
     }
   };
 
-  float acc[kInstr][C::kAcc];  // written first by the wgmmas of a run's first stage, which do not accumulate
+  float acc[C::kAcc];  // written first by the wgmmas of a run's first stage, which do not accumulate
 
   auto issue = [&](int slot, const Fragments& a, bool first) {
     const uint32_t x_tile = smem_address(smem + slot * C::kStage);
@@ -328,24 +312,23 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       const uint64_t desc = swizzled_descriptor(x_tile + kk * 32);
-#pragma unroll
-      for (int i = 0; i < kInstr; ++i) wgmma_rs<T, BM>(acc[i], a[i][kk], desc, !first || kk > 0);
+      wgmma_rs<T, BM>(acc, a[kk], desc, !first || kk > 0);
     }
     wgmma_commit();
   };
 
   if (tid == 0) {
-    for (int i = 0; i < C::kStages; ++i) init_barrier(&full[i], 1), init_barrier(&empty[i], kWgThreads);
+    for (int i = 0; i < C::kStages; ++i) init_barrier(&full[i], 1), init_barrier(&empty[i], C::kThreads);
     fence_barrier_init();
   }
   __syncthreads();
 
   // acc = the products of stages [k_first, k_first + stages) of a tile. Step s refills a slot kAhead
   // stages ahead; the slot's previous stage is then three steps back, so the warpgroups need not run in
-  // lockstep. The refill of step s is issued by lane 0 of warp s % 8, after its wgmmas, while they run:
-  // a warpgroup's wgmma starts only when all four of its warps have issued it, so the refill delays its
-  // warpgroup's next step; taking turns spreads that delay over all warps (70B-up M = 64: 153 us
-  // against 169 when thread 0 issued every refill; the same at M >= 256).
+  // lockstep. The refill of step s is issued by lane 0 of warp s % (the block's warps), after its
+  // wgmmas, while they run: a warpgroup's wgmma starts only when all four of its warps have issued it, so
+  // the refill delays its warpgroup's next step; taking turns spreads that delay over all warps (70B-up
+  // M = 64: 153 us against 169 when thread 0 issued every refill; the same at M >= 256).
   constexpr int kAhead = C::kStages - 3;
   uint32_t ring = 0;  // stages this block has put through the ring
   auto accumulate = [&](int m0, int t0, int k_first, int stages) {
@@ -357,7 +340,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       wait_barrier(&full[slot], (g / C::kStages) & 1);
       dequantize(slot, a);
       issue(slot, a, s == 0);
-      if (tid == s % (kWgThreads / 32) * 32 && s + kAhead < stages) fetch(g + kAhead, m0, t0, k_first + s + kAhead);
+      if (tid == s % (C::kThreads / 32) * 32 && s + kAhead < stages) fetch(g + kAhead, m0, t0, k_first + s + kAhead);
       wgmma_wait<1>();  // step s - 1's wgmmas are done: its registers and its stage are free
       if (s > 0) {
         fence_proxy_async();  // order this thread's reads of the stage (generic) before its refill (async)
@@ -375,38 +358,31 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     arrive_barrier(&empty[(ring + stages - 1) % C::kStages]);
     ring += stages;
 #pragma unroll
-    for (int i = 0; i < kInstr; ++i)
-#pragma unroll
-      for (int j = 0; j < C::kAcc; ++j) fence_register(acc[i][j]);
+    for (int j = 0; j < C::kAcc; ++j) fence_register(acc[j]);
   };
 
-  // Accumulator j of instruction i: output feature 64 warp_tile + 16 (word0 + i) + lane / 4 (+ 8 for
-  // j % 4 >= 2) of the tile, row 8 (j / 4) + 2 (lane % 4) (+ 1 for odd j).
-  const int g = lane / 4, row_in_8 = 2 * (lane % 4);
+  // Accumulator j: output feature 64 wg + 16 w + lane / 4 (+ 8 for j % 4 >= 2) of the block's columns,
+  // row 8 (j / 4) + 2 (lane % 4) (+ 1 for odd j).
+  const int row_in_8 = 2 * (lane % 4), feature = 64 * wg + 16 * w + lane / 4;
   // The output tile goes through shared memory (the ring's, free between tiles), to be written in full
   // 16-byte rows.
   auto store_output = [&](int m0, int t0) {
     __syncthreads();  // every thread is done with the ring's last stage
     T* staged = reinterpret_cast<T*>(smem);
     const T* bias = static_cast<const T*>(args.bias);
-    const bool tile_valid = t0 + warp_tile < tiles64;
+    const bool has_bias = bias != nullptr && t0 + wg < tiles64;
+    const float b_low = has_bias ? to_float(bias[t0 * 64 + feature]) : 0.f;
+    const float b_high = has_bias ? to_float(bias[t0 * 64 + feature + 8]) : 0.f;
 #pragma unroll
-    for (int i = 0; i < kInstr; ++i) {
-      const int n = 64 * warp_tile + 16 * (word0 + i) + g;
-      const bool has_bias = bias != nullptr && tile_valid;
-      const float b_low = has_bias ? to_float(bias[t0 * 64 + n]) : 0.f;
-      const float b_high = has_bias ? to_float(bias[t0 * 64 + n + 8]) : 0.f;
-#pragma unroll
-      for (int j = 0; j < C::kAcc; ++j) {
-        const int high = j % 4 / 2;
-        staged[(8 * (j / 4) + row_in_8 + j % 2) * C::kOutRow + n + 8 * high] =
-            from_float<T>(acc[i][j] + (high ? b_high : b_low));
-      }
+    for (int j = 0; j < C::kAcc; ++j) {
+      const int high = j % 4 / 2;
+      staged[(8 * (j / 4) + row_in_8 + j % 2) * C::kOutRow + feature + 8 * high] =
+          from_float<T>(acc[j] + (high ? b_high : b_low));
     }
     __syncthreads();
     T* out = static_cast<T*>(args.out);
     constexpr int kPieces = kWgN / 8;  // pieces of 16 bytes per row
-    for (int idx = tid; idx < BM * kPieces; idx += kWgThreads) {
+    for (int idx = tid; idx < BM * kPieces; idx += C::kThreads) {
       const int r = idx / kPieces, c = idx % kPieces;
       if (m0 + r < M && t0 + c / 8 < tiles64)
         *reinterpret_cast<uint4*>(out + (size_t)(m0 + r) * N + t0 * 64 + c * 8) =
@@ -421,14 +397,11 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     tile_origin(blockIdx.x % tiles, m0, t0);
     accumulate(m0, t0, k_first, min(work.k_stages - k_first, work.units_per_block));
     float* partial = reinterpret_cast<float*>(args.partial) + (size_t)split * M * N;
+    if (t0 + wg >= tiles64) return;
 #pragma unroll
-    for (int i = 0; i < kInstr && t0 + warp_tile < tiles64; ++i) {
-      const int n = (t0 + warp_tile) * 64 + 16 * (word0 + i) + g;
-#pragma unroll
-      for (int j = 0; j < C::kAcc; ++j) {
-        const int m = m0 + 8 * (j / 4) + row_in_8 + j % 2;
-        if (m < M) partial[(size_t)m * N + n + 8 * (j % 4 / 2)] = acc[i][j];
-      }
+    for (int j = 0; j < C::kAcc; ++j) {
+      const int m = m0 + 8 * (j / 4) + row_in_8 + j % 2;
+      if (m < M) partial[(size_t)m * N + t0 * 64 + feature + 8 * (j % 4 / 2)] = acc[j];
     }
     return;
   }
@@ -456,13 +429,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     // ways, no layout to undo).
     int32_t* lock = args.locks + (tile - first_shared);
     if (k_first > 0) {  // the tile's first stages are another block's: hand the sums over to it
-      float4* slot = args.partial + (size_t)blockIdx.x * (C::kThreadAcc / 4) * kWgThreads;
+      float4* slot = args.partial + (size_t)blockIdx.x * (C::kAcc / 4) * C::kThreads;
 #pragma unroll
-      for (int i = 0; i < kInstr; ++i)
-#pragma unroll
-        for (int j = 0; j < C::kAcc; j += 4)
-          __stcg(slot + (i * C::kAcc + j) / 4 * kWgThreads + tid,
-                 make_float4(acc[i][j], acc[i][j + 1], acc[i][j + 2], acc[i][j + 3]));
+      for (int j = 0; j < C::kAcc; j += 4)
+        __stcg(slot + j / 4 * C::kThreads + tid, make_float4(acc[j], acc[j + 1], acc[j + 2], acc[j + 3]));
       __threadfence();
       __syncthreads();
       if (tid == 0) atomicAdd(lock, 1);
@@ -476,14 +446,12 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       }
       __syncthreads();
       for (int b = blockIdx.x + 1; b <= last; ++b) {
-        const float4* slot = args.partial + (size_t)b * (C::kThreadAcc / 4) * kWgThreads;
+        const float4* slot = args.partial + (size_t)b * (C::kAcc / 4) * C::kThreads;
 #pragma unroll
-        for (int i = 0; i < kInstr; ++i)
-#pragma unroll
-          for (int j = 0; j < C::kAcc; j += 4) {
-            const float4 v = __ldcg(slot + (i * C::kAcc + j) / 4 * kWgThreads + tid);
-            acc[i][j] += v.x, acc[i][j + 1] += v.y, acc[i][j + 2] += v.z, acc[i][j + 3] += v.w;
-          }
+        for (int j = 0; j < C::kAcc; j += 4) {
+          const float4 v = __ldcg(slot + j / 4 * C::kThreads + tid);
+          acc[j] += v.x, acc[j + 1] += v.y, acc[j + 2] += v.z, acc[j + 3] += v.w;
+        }
       }
     }
     store_output(m0, t0);
@@ -532,9 +500,17 @@ struct WgmmaPlan {
 // block's run at least 8 stages.
 constexpr int block_columns(int bm) { return bm == 256 ? 128 : 256; }
 
+// Rows per block tile: 64 up to M = 64, 128 up to 128; above, 256 unless that pads M to more rows than 128
+// does (M = 257..384, 513..640, ...): a 256-row tile is 5-10% faster per row than a 128-row one at
+// M = 512-768, but M = 384 took 25-40% longer on 256-row tiles (2026-11-30-wgmma-warpgroups.md).
+int block_rows(int M) {
+  if (M <= 128) return M <= 64 ? 64 : 128;
+  return (M + 255) / 256 * 256 == (M + 127) / 128 * 128 ? 256 : 128;
+}
+
 WgmmaPlan plan_wgmma(int M, int K, int N, int sms) {
   WgmmaPlan p;
-  p.bm = M <= 64 ? 64 : M <= 128 ? 128 : 256;
+  p.bm = block_rows(M);
   const int columns = block_columns(p.bm);
   const int tiles = ((M + p.bm - 1) / p.bm) * ((N + columns - 1) / columns);
   WgWork& w = p.work;
@@ -611,7 +587,7 @@ const char* launch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, int sms, c
   if (const char* bad = encode_maps<T>(&maps, args, BM)) return bad;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return cudaGetErrorString(err);
-  kernel<<<plan.grid, kWgThreads, kSmem, stream>>>(args, maps, plan.work);
+  kernel<<<plan.grid, WgTile<BM>::kThreads, kSmem, stream>>>(args, maps, plan.work);
   if (plan.work.splits > 1) {
     const int64_t quads = (int64_t)args.M * args.N / 4;
     const int grid = (int)std::min<int64_t>((quads + 255) / 256, 8 * sms);
