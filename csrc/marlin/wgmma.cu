@@ -10,7 +10,10 @@
 //   shared memory. The weight is dequantized in registers, so the kernel computes the transposed product
 //   out^T[N, M] = W^T[N, K] x^T[K, M]: A = W^T (64 output features x 16 k per instruction) and B = x^T,
 //   whose "K-major" shared layout is simply rows of x. One m64nBMk16 instruction multiplies 64 output
-//   features by the block's BM activation rows.
+//   features by the block's BM activation rows. At BM = 64 that instruction runs at about half the tensor
+//   rate per product (M = 64 without dequantization: 121 us on 70B-up against ~61 at the peak), yet the
+//   other orientation (tokens as A from shared memory, the weights dequantized into shared memory as B) was
+//   33-50% slower still (2026-11-30-wgmma-warpgroups.md).
 // Weight fragments: the A fragment of warp w of a warpgroup (rows 16w..16w+15 of the 64) is laid out
 //   like mma.m16n8k16's A fragment. In the marlin layout, word j of a lane's uint4 (one 16 x 64 tile)
 //   dequantizes to the B fragments of subtiles 2j and 2j + 1, which together are exactly that A fragment
@@ -32,7 +35,7 @@
 //   activations, with the swizzle and zeros past M; the weight words of the four k16 steps; the scale
 //   rows; the zero-point rows), all counted on the stage's "full" mbarrier. Each step dequantizes
 //   its stage's weights into one of two register sets while the previous step's wgmmas still run,
-//   issues its own (4 or 8 per warpgroup), waits for the previous ones and releases their stage on its
+//   issues its own (4 per warpgroup), waits for the previous ones and releases their stage on its
 //   "empty" mbarrier. A first version filled the ring with cp.async from every thread; the copies'
 //   address arithmetic, the proxy fence that cp.async data needs before wgmma reads it, and the block
 //   barrier of every step cost 20-25% at large M (ncu: a third of the warps' time at the barrier).
