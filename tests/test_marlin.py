@@ -341,3 +341,40 @@ def test_gpu_cuda_graph_and_compile(rows, columns):
         static_x.copy_(torch.randn_like(static_x))
         graph.replay()
         assert relative_error(static_y, ref(static_x)) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 4, 64, 300])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_gpu_layers_in_a_chain_read_each_others_outputs(rows, graph):
+    """Each layer's input is the previous layer's output, launched back to back (no kernel in between): on
+    Hopper a kernel starts while the one before it still runs (programmatic dependent launch) and must wait
+    for it before reading its input. Every output buffer is NaN-poisoned first, so an early read shows."""
+    dtype, width, layers = torch.bfloat16, 2048, 6
+    weights = [random_quantized_weight(width, width, 128, sym=i % 2 == 0, act_order=False, device="cuda",
+                                       bias=i % 3 == 0) for i in range(layers)]
+    modules = [marlin_module(qw, dtype) for qw in weights]
+    x = torch.randn(rows, width, device="cuda", dtype=dtype)
+    outs = [torch.empty(rows, width, device="cuda", dtype=dtype) for _ in range(layers)]
+
+    def chain():
+        for buffer in outs:
+            buffer.fill_(float("nan"))
+        inputs = [x] + outs[:-1]
+        for module, inp, out in zip(modules, inputs, outs):
+            torch.ops.litquant_marlin.gemm_out(inp, module.qweight, module.scales, module.zeros, module.bias,
+                                               module.locks, module.group_size, out)
+
+    if graph:
+        chain()  # warm up outside the graph
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            chain()
+        g.replay()
+    else:
+        chain()
+    inputs = [x] + outs[:-1]
+    for i, (qw, inp, out) in enumerate(zip(weights, inputs, outs)):
+        assert not out.isnan().any(), f"layer {i}: NaN in the output (read its input too early?)"
+        err = relative_error(out, torch_reference(qw, dtype)(inp))
+        assert err < TOLERANCE[dtype], f"layer {i}: relative error {err:.2e}"

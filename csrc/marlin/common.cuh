@@ -6,6 +6,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 #include <stdint.h>
 
 #include <cstring>
@@ -72,6 +73,24 @@ __device__ __forceinline__ int load_acquire(const int32_t* p) {
 
 __device__ __forceinline__ void store_release(int32_t* p, int v) {
   asm volatile("st.global.release.gpu.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+// Programmatic dependent launch (sm_90 on; `launch_dependent` below): a kernel so launched may start while the
+// kernel before it in the stream still runs, once every block of that one has called
+// allow_dependent_launch (or exited). Before the wait, a kernel may only read the weight words: integer
+// tensors that only the load writes, and the load ends with a device synchronization (scales are float
+// and may be converted by a kernel just before). Everything else comes after the wait, which returns
+// once the prior kernel has finished and its writes are visible. So a layer's first weights stream in
+// while the kernel before it (often the previous layer) ends.
+__device__ __forceinline__ void wait_for_prior_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 }
 
 template <typename To, typename From>
@@ -223,12 +242,28 @@ struct GemmArgs {
   int units_per_block;   // marlin.cu: the stripe of each block
 };
 
-// The multiprocessor count and compute capability of the current GPU, read once per device.
+// The multiprocessor count and compute capability of the current GPU, read once per device, and whether
+// its kernels are launched as programmatic dependents (sm_90 on, unless LITQUANT_PDL=0 in the environment).
 struct DeviceInfo {
   int sms = 0;
   int major = 0, minor = 0;
+  bool dependent_launch = false;
 };
 DeviceInfo current_device();
+
+// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the kernel before it in
+// the stream when `dependent` (then the kernel must call wait_for_prior_kernel, see above).
+template <typename... Params, typename... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                             bool dependent, Args... args) {
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = smem, config.stream = stream;
+  config.attrs = &attribute, config.numAttrs = dependent ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+}
 
 // The decode path (decode.cu) for up to 16 activation rows (and K a multiple of 128): `decode_serves`
 // says whether it takes the call, `decode_partial_floats` is the fp32 scratch it needs and

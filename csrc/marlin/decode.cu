@@ -37,7 +37,9 @@
 //   registers (uint4), each refilled with the next chunk's tile as soon as it is read: 4 KB a warp in
 //   flight, 64 KB an SM at 4 blocks. Warps add up through shared memory; with several splits, each
 //   block writes fp32 partial sums and the last block of a column tile to finish (counted on its
-//   lock, which it then resets to zero) adds them up and writes the output.
+//   lock, which it then resets to zero) adds them up and writes the output. A grid that fills the GPU
+//   is launched as a dependent of the kernel ahead (common.cuh): each warp's first chunk of weights is
+//   on its way before it waits for that kernel.
 #include <type_traits>
 
 #include "common.cuh"
@@ -294,6 +296,7 @@ __device__ __forceinline__ void stream_chunks(Multiplier& math, const GemmArgs& 
   uint4 ring[kChunkTiles];
 #pragma unroll
   for (int t = 0; t < kChunkTiles; ++t, next += stride) ring[t] = load_streaming(offset_by(column, next), first < last);
+  wait_for_prior_kernel();  // the first chunk's weights are on their way while the prior kernel ends
   math.begin(first, last);
   for (int c = first; c < last; ++c) {
     math.start_chunk(c, last);
@@ -317,6 +320,7 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) marlin_decode_kerne
     float sums[kWarps][Multiplier::kRows][64];
   } shared;
   __shared__ bool last_block;
+  allow_dependent_launch();
   const int column_tile = blockIdx.x, split = blockIdx.y, warp = threadIdx.x / 32, t = threadIdx.x;
   const int chunks = args.K / (kChunkTiles * 16);
   // warp w of split y takes the (y * kWarps + w)-th of splits * kWarps near-equal runs of chunks
@@ -372,41 +376,61 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) marlin_decode_kerne
   if (t == 0) args.locks[column_tile] = 0;  // every split has arrived: ready for the next call
 }
 
+// How evenly `blocks` blocks of equal work spread over the SMs: their count over the SMs times the
+// most blocks one SM runs.
+double balance(int blocks, int sms) { return blocks / (double)(sms * ((blocks + sms - 1) / sms)); }
+
 // Splits of K (powers of two): the fewest that give at least 60% of a wave of blocks and at most 16
-// chunks a warp, while each warp keeps 2 chunks or more. Measured on an H200 (bf16, g128, M = 1), the
-// best or within 5% of the best split on each Llama-2 7B/70B layer (benchmarks/results/2026-11-30-marlin-gemv.md).
+// chunks a warp, while each warp keeps 2 chunks or more; then twice as many if that spreads the blocks
+// over the SMs better by a tenth or more. Measured on an H200 (bf16, g128, M = 1), the best or within 5%
+// of the best split on each Llama-2 7B/70B layer (benchmarks/results/2026-11-30-marlin-gemv.md); the last
+// step takes 70B-qkv from 2 splits (320 blocks: 2 or 3 an SM, 81%) to 4 (640: 4 or 5, 97%), 19.4 -> 18.5 us,
+// where 7B-qkv (384 -> 768 blocks) and 7B-up (344 -> 688) spread no better and were 10-12% slower
+// (benchmarks/results/2026-11-30-dependent-launch.md).
 int decode_splits(const DeviceInfo& device, int K, int N) {
   const int column_tiles = N / 64, chunks = K / (kChunkTiles * 16), wave = kBlocksPerSm * device.sms;
   int splits = 1;
   while ((10 * column_tiles * splits < 6 * wave || chunks > 16 * kWarps * splits) && chunks >= 4 * kWarps * splits)
     splits *= 2;
+  if (chunks >= 4 * kWarps * splits &&
+      balance(2 * column_tiles * splits, device.sms) >= balance(column_tiles * splits, device.sms) + 0.1)
+    splits *= 2;
   return splits;
 }
 
+// Whether a grid of `blocks` is launched as a dependent of the kernel before it (common.cuh): only when it
+// takes 90% of the resident slots or more. A smaller grid's blocks, let in early, take the slots that the
+// kernel before leaves free, so more of them land on some SMs than on others, and the SMs that get more
+// finish last. Measured on an H200 (bf16, g128, M = 1, interleaved): at 0.6-0.7 of a wave 16-24% slower
+// (7B-qkv 12.0 -> 13.8 us, 7B-up 17.4 -> 21.5, 70B-qkv on 2 splits 19.4 -> 23.3); at a wave or more 1-8%
+// faster (7B-down 11.9 -> 11.3, 70B-down 39.5 -> 39.0, 70B-up 68.0 -> 67.4, 7B-qkv on 4 splits 13.2 -> 12.2;
+// benchmarks/results/2026-11-30-dependent-launch.md).
+bool decode_launch_dependent(const DeviceInfo& device, int blocks) {
+  return device.dependent_launch && 10 * blocks >= 9 * kBlocksPerSm * device.sms;
+}
+
 template <typename T, template <typename, bool> class Math, int kGroupTiles>
-const char* launch(const GemmArgs& args, int splits, cudaStream_t stream) {
-  const dim3 grid(args.N / 64, splits);
-  if (args.zeros)
-    marlin_decode_kernel<T, Math, kGroupTiles, true><<<grid, kWarps * 32, 0, stream>>>(args, splits);
-  else
-    marlin_decode_kernel<T, Math, kGroupTiles, false><<<grid, kWarps * 32, 0, stream>>>(args, splits);
-  const cudaError_t err = cudaGetLastError();
+const char* launch(const GemmArgs& args, int splits, bool dependent, cudaStream_t stream) {
+  auto kernel = args.zeros ? marlin_decode_kernel<T, Math, kGroupTiles, true>
+                           : marlin_decode_kernel<T, Math, kGroupTiles, false>;
+  const cudaError_t err =
+      launch_dependent(kernel, dim3(args.N / 64, splits), dim3(kWarps * 32), 0, stream, dependent, args, splits);
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
 template <typename T, template <typename, bool> class Math>
-const char* dispatch_group(const GemmArgs& args, int splits, cudaStream_t stream) {
+const char* dispatch_group(const GemmArgs& args, int splits, bool dependent, cudaStream_t stream) {
   switch (args.group_shift) {  // a group every 2, 4 or 8 tiles (one group over K: every chunk)
-    case 5: return launch<T, Math, 2>(args, splits, stream);
-    case 6: return launch<T, Math, 4>(args, splits, stream);
-    default: return launch<T, Math, 8>(args, splits, stream);
+    case 5: return launch<T, Math, 2>(args, splits, dependent, stream);
+    case 6: return launch<T, Math, 4>(args, splits, dependent, stream);
+    default: return launch<T, Math, 8>(args, splits, dependent, stream);
   }
 }
 
 template <typename T>
-const char* dispatch_rows(const GemmArgs& args, int splits, cudaStream_t stream) {
-  return args.M == 1 ? dispatch_group<T, RowOnCudaCores>(args, splits, stream)
-                     : dispatch_group<T, RowsOnTensorCores>(args, splits, stream);
+const char* dispatch_rows(const GemmArgs& args, int splits, bool dependent, cudaStream_t stream) {
+  return args.M == 1 ? dispatch_group<T, RowOnCudaCores>(args, splits, dependent, stream)
+                     : dispatch_group<T, RowsOnTensorCores>(args, splits, dependent, stream);
 }
 
 }  // namespace
@@ -420,7 +444,9 @@ int64_t decode_partial_floats(const DeviceInfo& device, int M, int K, int N) {
 
 const char* decode_gemm(const GemmArgs& args, bool is_bf16, const DeviceInfo& device, cudaStream_t stream) {
   const int splits = decode_splits(device, args.K, args.N);
-  return is_bf16 ? dispatch_rows<__nv_bfloat16>(args, splits, stream) : dispatch_rows<half>(args, splits, stream);
+  const bool dependent = decode_launch_dependent(device, args.N / 64 * splits);
+  return is_bf16 ? dispatch_rows<__nv_bfloat16>(args, splits, dependent, stream)
+                 : dispatch_rows<half>(args, splits, dependent, stream);
 }
 
 }  // namespace litquant_marlin

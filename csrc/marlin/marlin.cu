@@ -41,6 +41,8 @@
 #include "marlin.h"
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "common.cuh"
 
@@ -463,6 +465,11 @@ DeviceInfo current_device() {
     if (device < kMaxDevices) cached[device].store(packed, std::memory_order_relaxed);
   }
   info.sms = packed & 0xffff, info.major = (packed >> 16) & 0xff, info.minor = packed >> 24;
+  static const bool pdl_allowed = [] {
+    const char* setting = std::getenv("LITQUANT_PDL");
+    return setting == nullptr || std::strcmp(setting, "0") != 0;
+  }();
+  info.dependent_launch = info.major >= 9 && pdl_allowed;
   return info;
 }
 

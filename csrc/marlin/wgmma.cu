@@ -36,7 +36,9 @@
 //   rows; the zero-point rows), all counted on the stage's "full" mbarrier. Each step dequantizes
 //   its stage's weights into one of two register sets while the previous step's wgmmas still run,
 //   issues its own (4 per warpgroup), waits for the previous ones and releases their stage on its
-//   "empty" mbarrier. A first version filled the ring with cp.async from every thread; the copies'
+//   "empty" mbarrier. On Hopper the kernel is launched as a dependent of the kernel ahead (common.cuh):
+//   thread 0 fetches the weight words of the block's first stages before it waits for that kernel.
+//   A first version filled the ring with cp.async from every thread; the copies'
 //   address arithmetic, the proxy fence that cp.async data needs before wgmma reads it, and the block
 //   barrier of every step cost 20-25% at large M (ncu: a third of the warps' time at the barrier).
 // Work split (see `plan_wgmma`): a layer whose tiles, cut into a few k splits, fill the SMs is split
@@ -269,15 +271,19 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
   // sits in slot g % kStages, and the slot is free again when all threads have released stage g - kStages.
   const int group_rows = two_group_rows ? 2 : 1;
   const uint32_t stage_bytes = C::kX + C::kW + group_rows * (C::kScaleRow + (kHasZeros ? C::kZeroRow : 0));
-  auto fetch = [&](uint32_t g, int m0, int t0, int k_stage) {
+  // In two parts, so that a block's first stages can fetch their weight words before the prior kernel
+  // has ended (see accumulate): the weight words, then the rest.
+  auto fetch_weights = [&](uint32_t g, int t0, int k_stage) {
     const int slot = g % C::kStages;
     if (g >= C::kStages) wait_barrier(&empty[slot], (g / C::kStages - 1) & 1);
-    uint8_t* st = smem + slot * C::kStage;
-    uint64_t* bar = &full[slot];
+    expect_bytes(&full[slot], stage_bytes);
+    load_tile(smem + slot * C::kStage + C::kX, &maps.weights, t0 * 64, k_stage * kWgK / 16, &full[slot]);
+  };
+  auto fetch_rest = [&](uint32_t g, int m0, int t0, int k_stage) {
+    uint8_t* st = smem + g % C::kStages * C::kStage;
+    uint64_t* bar = &full[g % C::kStages];
     const int k0 = k_stage * kWgK, g0 = shift < 0 ? 0 : k0 >> shift;
-    expect_bytes(bar, stage_bytes);
     load_tile(st, &maps.x, k0, m0, bar);
-    load_tile(st + C::kX, &maps.weights, t0 * 64, k0 / 16, bar);
     load_tile(st + C::kX + C::kW, &maps.scales, t0 * 16, g0, bar);
     if (kHasZeros) load_tile(st + C::kX + C::kW + C::kScales, &maps.zeros, t0 * 8, g0, bar);
   };
@@ -320,11 +326,13 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
     wgmma_commit();
   };
 
+  allow_dependent_launch();
   if (tid == 0) {
     for (int i = 0; i < C::kStages; ++i) init_barrier(&full[i], 1), init_barrier(&empty[i], C::kThreads);
     fence_barrier_init();
   }
   __syncthreads();
+  if (tid != 0) wait_for_prior_kernel();  // thread 0 waits in its first accumulate
 
   // acc = the products of stages [k_first, k_first + stages) of a tile. Step s refills a slot kAhead
   // stages ahead; the slot's previous stage is then three steps back, so the warpgroups need not run in
@@ -335,15 +343,21 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
   constexpr int kAhead = C::kStages - 3;
   uint32_t ring = 0;  // stages this block has put through the ring
   auto accumulate = [&](int m0, int t0, int k_first, int stages) {
-    if (tid == 0)
-      for (int s = 0; s < kAhead && s < stages; ++s) fetch(ring + s, m0, t0, k_first + s);
+    if (tid == 0) {  // the first stages; in the block's first run, their weights while the prior kernel ends
+      for (int s = 0; s < kAhead && s < stages; ++s) fetch_weights(ring + s, t0, k_first + s);
+      if (ring == 0) wait_for_prior_kernel();
+      for (int s = 0; s < kAhead && s < stages; ++s) fetch_rest(ring + s, m0, t0, k_first + s);
+    }
     auto step = [&](int s, Fragments& a) {
       const uint32_t g = ring + s;
       const int slot = g % C::kStages;
       wait_barrier(&full[slot], (g / C::kStages) & 1);
       dequantize(slot, a);
       issue(slot, a, s == 0);
-      if (tid == s % (C::kThreads / 32) * 32 && s + kAhead < stages) fetch(g + kAhead, m0, t0, k_first + s + kAhead);
+      if (tid == s % (C::kThreads / 32) * 32 && s + kAhead < stages) {
+        fetch_weights(g + kAhead, t0, k_first + s + kAhead);
+        fetch_rest(g + kAhead, m0, t0, k_first + s + kAhead);
+      }
       wgmma_wait<1>();  // step s - 1's wgmmas are done: its registers and its stage are free
       if (s > 0) {
         fence_proxy_async();  // order this thread's reads of the stage (generic) before its refill (async)
@@ -469,6 +483,7 @@ template <typename T>
 __global__ void wgmma_sum_splits_kernel(const float4* partial, const T* bias, T* out, int64_t quads, int N,
                                         int splits) {
   using T2 = typename Dtype<T>::T2;
+  wait_for_prior_kernel();
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < quads; i += (int64_t)gridDim.x * blockDim.x) {
     float4 s = partial[i];
     for (int k = 1; k < splits; ++k) {
@@ -582,7 +597,7 @@ const char* encode_maps(WgMaps* maps, const GemmArgs& args, int bm) {
 }
 
 template <typename T, int BM, bool kHasZeros>
-const char* launch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, int sms, cudaStream_t stream) {
+const char* launch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, const DeviceInfo& device, cudaStream_t stream) {
   auto kernel = plan.work.splits > 1 ? marlin_wgmma_kernel<T, BM, kHasZeros, true>
                                      : marlin_wgmma_kernel<T, BM, kHasZeros, false>;
   constexpr int kSmem = WgTile<BM>::kSmemBytes;
@@ -590,24 +605,25 @@ const char* launch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, int sms, c
   if (const char* bad = encode_maps<T>(&maps, args, BM)) return bad;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return cudaGetErrorString(err);
-  kernel<<<plan.grid, WgTile<BM>::kThreads, kSmem, stream>>>(args, maps, plan.work);
-  if (plan.work.splits > 1) {
+  err = launch_dependent(kernel, dim3(plan.grid), dim3(WgTile<BM>::kThreads), kSmem, stream, device.dependent_launch,
+                         args, maps, plan.work);
+  if (err == cudaSuccess && plan.work.splits > 1) {
     const int64_t quads = (int64_t)args.M * args.N / 4;
-    const int grid = (int)std::min<int64_t>((quads + 255) / 256, 8 * sms);
-    wgmma_sum_splits_kernel<T><<<grid, 256, 0, stream>>>(args.partial, static_cast<const T*>(args.bias),
-                                                         static_cast<T*>(args.out), quads, args.N, plan.work.splits);
+    const int grid = (int)std::min<int64_t>((quads + 255) / 256, 8 * device.sms);
+    err = launch_dependent(wgmma_sum_splits_kernel<T>, dim3(grid), dim3(256), 0, stream, device.dependent_launch,
+                           args.partial, static_cast<const T*>(args.bias), static_cast<T*>(args.out), quads, args.N,
+                           plan.work.splits);
   }
-  err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
 template <typename T>
-const char* dispatch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, int sms, cudaStream_t stream) {
+const char* dispatch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, const DeviceInfo& device, cudaStream_t stream) {
   const bool z = args.zeros != nullptr;
   switch (plan.bm) {
-    case 64: return z ? launch_wgmma<T, 64, true>(args, plan, sms, stream) : launch_wgmma<T, 64, false>(args, plan, sms, stream);
-    case 128: return z ? launch_wgmma<T, 128, true>(args, plan, sms, stream) : launch_wgmma<T, 128, false>(args, plan, sms, stream);
-    default: return z ? launch_wgmma<T, 256, true>(args, plan, sms, stream) : launch_wgmma<T, 256, false>(args, plan, sms, stream);
+    case 64: return z ? launch_wgmma<T, 64, true>(args, plan, device, stream) : launch_wgmma<T, 64, false>(args, plan, device, stream);
+    case 128: return z ? launch_wgmma<T, 128, true>(args, plan, device, stream) : launch_wgmma<T, 128, false>(args, plan, device, stream);
+    default: return z ? launch_wgmma<T, 256, true>(args, plan, device, stream) : launch_wgmma<T, 256, false>(args, plan, device, stream);
   }
 }
 
@@ -632,8 +648,8 @@ int64_t wgmma_lock_count(const DeviceInfo& device, int M, int K, int N) {
 
 const char* wgmma_gemm(const GemmArgs& args, bool is_bf16, const DeviceInfo& device, cudaStream_t stream) {
   const WgmmaPlan plan = plan_wgmma(args.M, args.K, args.N, device.sms);
-  return is_bf16 ? dispatch_wgmma<__nv_bfloat16>(args, plan, device.sms, stream)
-                 : dispatch_wgmma<half>(args, plan, device.sms, stream);
+  return is_bf16 ? dispatch_wgmma<__nv_bfloat16>(args, plan, device, stream)
+                 : dispatch_wgmma<half>(args, plan, device, stream);
 }
 
 }  // namespace litquant_marlin

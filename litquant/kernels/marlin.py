@@ -190,6 +190,9 @@ class MarlinQuantLinear(QuantLinear):
         self.set_bias(qw.bias)
         if codes.is_cuda:
             load_ops(codes.device)
+            # On Hopper the kernels start streaming the weight words before the kernel ahead of them in the
+            # stream has ended (programmatic dependent launch, csrc/marlin/common.cuh): the repack must be done.
+            torch.cuda.synchronize(codes.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out_shape = (*x.shape[:-1], self.out_features)
