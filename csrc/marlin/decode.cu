@@ -76,10 +76,25 @@ __device__ __forceinline__ uint4 load_streaming(const uint4* p, bool valid) {
   return r;
 }
 
-// The (group, 64-column tile, lane/4) index of the permuted scales and of the zero points for `tile`.
-__device__ __forceinline__ size_t group_params_at(const GemmArgs& args, int tile, int column_tile, int lane) {
+// A lane's scales (its 8 columns, in pairs) and zero points (nibbles) of the quantization group of `tile`,
+// read at (group, 64-column tile, lane/4) of the permuted scales and the packed zero points.
+struct GroupParams {
+  uint4 scales;
+  uint2 zeros;
+};
+
+template <bool kHasZeros>
+__device__ __forceinline__ GroupParams load_group_params(const GemmArgs& args, int tile, int column_tile, int lane) {
   const int group = args.group_shift < 0 ? 0 : (tile * 16) >> args.group_shift;
-  return (size_t)group * (args.N / 8) + column_tile * 8 + lane / 4;
+  const size_t at = (size_t)group * (args.N / 8) + column_tile * 8 + lane / 4;
+  GroupParams p{__ldg(args.scales + at), make_uint2(kSymmetricZeros, kSymmetricZeros)};
+  if constexpr (kHasZeros) p.zeros = __ldg(args.zeros + at);
+  return p;
+}
+
+// Tiles of a quantization group inside a chunk: 2, 4 or 8 (a group over all of K: every chunk)
+__device__ __forceinline__ int tiles_per_group(const GemmArgs& args) {
+  return args.group_shift < 0 ? kChunkTiles : min(kChunkTiles, 1 << (args.group_shift - 4));
 }
 
 // Each way to multiply keeps its own accumulators and a warp's shared memory (Staging), and provides:
@@ -97,19 +112,26 @@ struct RowOnCudaCores {
   };
   struct NoStaging {};  // fp16: the activations come straight from global memory (L1)
   using Staging = typename std::conditional<kStaged, ChunkActivations, NoStaging>::type;
+  // fp16 reads a group's scales and zero points as the group starts, so the load has the group's tiles to
+  // land; bf16, whose staged activations hold 124-128 registers, reads them at the group's end, where they
+  // are used. Measured on an H200 (M = 1, g128, zero points, interleaved): fp16 2-6% faster on every Llama-2
+  // layer (70B-up 66.8-67.5 -> 63.8-64.0 us, 94% of the copy bandwidth); bf16 early 0-3% slower
+  // (benchmarks/results/2026-12-01-decode-streaming.md).
+  static constexpr bool kEarlyParams = !kStaged;
   const GemmArgs& args;
   Staging& staging;
   const int lane, column_tile;
   const int group_tiles;  // tiles of a quantization group inside a chunk: 2, 4 or 8
   int first = 0, buffer = 0;
   float acc[8] = {}, partial[8] = {}, x_sum = 0.f;
+  GroupParams params;  // kEarlyParams: those of the current group
 
   __device__ RowOnCudaCores(const GemmArgs& a, int col, Staging& st)
       : args(a),
         staging(st),
         lane(threadIdx.x % 32),
         column_tile(col),
-        group_tiles(a.group_shift < 0 ? kChunkTiles : min(kChunkTiles, 1 << (a.group_shift - 4))) {}
+        group_tiles(tiles_per_group(a)) {}
 
   // The 8 copies of the 4 activations of class `cls` (rows 2 cls + {0, 1, 8, 9}) of `tile` that nibbles
   // 0..7 multiply; returns the sum of the 4.
@@ -140,7 +162,9 @@ struct RowOnCudaCores {
       __syncwarp();
     }
   }
-  __device__ __forceinline__ void start_group(int) {}
+  __device__ __forceinline__ void start_group(int tile) {
+    if constexpr (kEarlyParams) params = load_group_params<kHasZeros>(args, tile, column_tile, lane);
+  }
 
   // partial += the products of one tile (fp16: x_sum += its 4 activations of this lane).
   __device__ __forceinline__ void multiply_tile(const uint4& w, int tile, int t) {
@@ -167,10 +191,9 @@ struct RowOnCudaCores {
   // acc += scale * partial - scale * z * x_sum for the group of `tile`; then partial = x_sum = 0.
   __device__ __forceinline__ void end_group(int tile) {
     if constexpr (kStaged) x_sum = staging.group_sum[buffer][lane % 4][tile % kChunkTiles];
-    const size_t at = group_params_at(args, tile, column_tile, lane);
-    const uint4 s = __ldg(args.scales + at);
-    uint2 z = make_uint2(kSymmetricZeros, kSymmetricZeros);
-    if constexpr (kHasZeros) z = __ldg(args.zeros + at);
+    const GroupParams p = kEarlyParams ? params : load_group_params<kHasZeros>(args, tile, column_tile, lane);
+    const uint4 s = p.scales;
+    const uint2 z = p.zeros;
     const uint32_t scale_pairs[4] = {s.x, s.y, s.z, s.w};
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -205,6 +228,11 @@ struct RowsOnTensorCores {
     uint4 x[2][kMaxRows * kRowStride];
   };
   static constexpr uint32_t kBufferBytes = sizeof(Staging) / 2;
+  // bf16 reads each group's scales and zero points one group ahead (the first tile of a group uses them);
+  // fp16, whose kernels then spill (20 -> 56 bytes), when the group starts. Measured on an H200 (g128, zero
+  // points, interleaved): bf16 M = 2..16 70B-qkv 6-10% faster (25.5 -> 23.0 us at M = 16), the other Llama-2
+  // layers level to 3% faster; fp16 ahead 3-10% slower (benchmarks/results/2026-12-01-decode-streaming.md).
+  static constexpr bool kParamsAhead = std::is_same<T, __nv_bfloat16>::value;
   const GemmArgs& args;
   const int lane, column_tile;
   const uint32_t copy_to;    // shared address of the lane's first copy (row lane/16, k/8 = lane % 16), buffer 0
@@ -213,6 +241,7 @@ struct RowsOnTensorCores {
   uint32_t a_chunk = 0;  // read_from in the current chunk's buffer
   float acc[8][4] = {};  // subtile s: rows lane/4 + {0, 8} x columns 8s + 2(lane % 4) + {0, 1}
   GroupConstants<T> group;
+  GroupParams next;  // kParamsAhead: those of the next group
 
   __device__ RowsOnTensorCores(const GemmArgs& a, int col, Staging& st)
       : args(a),
@@ -239,6 +268,7 @@ struct RowsOnTensorCores {
   __device__ __forceinline__ void begin(int first_chunk, int last_chunk) {
     first = first_chunk;
     if (first < last_chunk) copy_chunk(first, 0);
+    if constexpr (kParamsAhead) next = load_group_params<kHasZeros>(args, first * kChunkTiles, column_tile, lane);
   }
 
   // Before chunk c: everyone is done with chunk c - 1's buffer, which now receives chunk c + 1;
@@ -253,10 +283,15 @@ struct RowsOnTensorCores {
   }
 
   __device__ __forceinline__ void start_group(int tile) {
-    const size_t at = group_params_at(args, tile, column_tile, lane);
-    uint2 z = make_uint2(kSymmetricZeros, kSymmetricZeros);
-    if constexpr (kHasZeros) z = __ldg(args.zeros + at);
-    group.load(__ldg(args.scales + at), z);
+    if constexpr (kParamsAhead) {
+      group.load(next.scales, next.zeros);
+      // the next group's (the last group's again at the end of K: an address that exists)
+      const int next_tile = min(tile + tiles_per_group(args), args.K / 16 - 1);
+      next = load_group_params<kHasZeros>(args, next_tile, column_tile, lane);
+    } else {
+      const GroupParams p = load_group_params<kHasZeros>(args, tile, column_tile, lane);
+      group.load(p.scales, p.zeros);
+    }
   }
 
   __device__ __forceinline__ void end_group(int) {}
