@@ -15,11 +15,9 @@
 //     its 16 rows. Scale and zero point per group in fp32, after the sums:
 //     acc_s += scale_s * partial_s - scale_s * z_s * sum_x (the lane's own rows; the 4 lanes of a
 //     column add up to all 16 rows of a tile). A lane needs, per tile, its 4 activations in 8 scaled
-//     copies: in fp16 it converts and scales them itself; in bf16, whose conversion to fp32 takes integer
-//     instructions that compete with the nibble masks, a warp prepares each chunk's copies once (lane
-//     (t, c) those of tile t, class c = lane % 4) in shared memory, with each class's sum per group, and
-//     a lane reads its 8 copies with two 16-byte loads (H200, M = 1: bf16 up to 4% faster, on no Llama-2
-//     layer slower; fp16 up to 5% slower: benchmarks/results/2026-11-30-split-experiments.md).
+//     copies: it converts and scales them itself. (bf16 once had each chunk's copies prepared per warp in
+//     shared memory, as its conversion takes integer instructions: up to 4% faster then, level or slower
+//     once the group parameters were read early: benchmarks/results/2026-12-01-decode-streaming.md.)
 //   RowsOnTensorCores (M = 2..16): a lane's uint4 of a 16 x 64 tile *is* its B fragments of the 8
 //     n8 subtiles (the marlin layout); each word is dequantized per pair with the group's scale and
 //     zero point (GroupConstants, as in marlin.cu) and fed to two mma.m16n8k16. Each warp copies the
@@ -105,33 +103,13 @@ __device__ __forceinline__ int tiles_per_group(const GemmArgs& args) {
 template <typename T, bool kHasZeros>
 struct RowOnCudaCores {
   static constexpr int kRows = 1;
-  static constexpr bool kStaged = std::is_same<T, __nv_bfloat16>::value;  // activations prepared per chunk
-  struct ChunkActivations {
-    float4 scaled[2][kChunkTiles][4][2];  // [buffer][tile][class]: the 8 scaled copies
-    float group_sum[2][4][kChunkTiles];   // [buffer][class][last tile of a group]: the class's sum over the group
-  };
-  struct NoStaging {};  // fp16: the activations come straight from global memory (L1)
-  using Staging = typename std::conditional<kStaged, ChunkActivations, NoStaging>::type;
-  // fp16 reads a group's scales and zero points as the group starts, so the load has the group's tiles to
-  // land; bf16, whose staged activations hold 124-128 registers, reads them at the group's end, where they
-  // are used. Measured on an H200 (M = 1, g128, zero points, interleaved): fp16 2-6% faster on every Llama-2
-  // layer (70B-up 66.8-67.5 -> 63.8-64.0 us, 94% of the copy bandwidth); bf16 early 0-3% slower
-  // (benchmarks/results/2026-12-01-decode-streaming.md).
-  static constexpr bool kEarlyParams = !kStaged;
+  struct Staging {};  // none: a lane reads its activations from global memory (L1)
   const GemmArgs& args;
-  Staging& staging;
   const int lane, column_tile;
-  const int group_tiles;  // tiles of a quantization group inside a chunk: 2, 4 or 8
-  int first = 0, buffer = 0;
   float acc[8] = {}, partial[8] = {}, x_sum = 0.f;
-  GroupParams params;  // kEarlyParams: those of the current group
+  GroupParams params;  // those of the current group, read as it starts
 
-  __device__ RowOnCudaCores(const GemmArgs& a, int col, Staging& st)
-      : args(a),
-        staging(st),
-        lane(threadIdx.x % 32),
-        column_tile(col),
-        group_tiles(tiles_per_group(a)) {}
+  __device__ RowOnCudaCores(const GemmArgs& a, int col, Staging&) : args(a), lane(threadIdx.x % 32), column_tile(col) {}
 
   // The 8 copies of the 4 activations of class `cls` (rows 2 cls + {0, 1, 8, 9}) of `tile` that nibbles
   // 0..7 multiply; returns the sum of the 4.
@@ -145,37 +123,22 @@ struct RowOnCudaCores {
     return (xv[0] + xv[1]) + (xv[2] + xv[3]);
   }
 
-  __device__ __forceinline__ void begin(int first_chunk, int) { first = first_chunk; }
+  __device__ __forceinline__ void begin(int, int) {}
+  __device__ __forceinline__ void start_chunk(int, int) {}
 
-  // bf16: lane (t, c) prepares tile t, class c of chunk `c` into the buffer the previous chunk did not use
-  // (a warp's lanes are all past the previous chunk's preparation, hence done with this buffer's last use).
-  __device__ __forceinline__ void start_chunk(int c, int) {
-    if constexpr (kStaged) {
-      buffer = (c - first) & 1;
-      const int t = lane / 4, cls = lane % 4;
-      float xs[8];
-      float sum = scaled_activations(c * kChunkTiles + t, cls, xs);
-      staging.scaled[buffer][t][cls][0] = make_float4(xs[0], xs[1], xs[2], xs[3]);
-      staging.scaled[buffer][t][cls][1] = make_float4(xs[4], xs[5], xs[6], xs[7]);
-      for (int step = 1; step < group_tiles; step *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, 4 * step);
-      if (((t + 1) & (group_tiles - 1)) == 0) staging.group_sum[buffer][cls][t] = sum;
-      __syncwarp();
-    }
-  }
+  // A group's scales and zero points are read as it starts, so the load has the group's tiles to land (read at
+  // its end, where they are used, each warp waited one memory latency a group: they are not in L2, each is
+  // read once, by one warp). Measured on an H200 (M = 1, g128, interleaved): 2-7% faster on every Llama-2
+  // layer in fp16 and in bf16 without zero points (70B-up bf16 66.2-67.5 -> 63.0-63.4 us, 94% of the copy
+  // bandwidth), bf16 with zero points within 1.5% (benchmarks/results/2026-12-01-decode-streaming.md).
   __device__ __forceinline__ void start_group(int tile) {
-    if constexpr (kEarlyParams) params = load_group_params<kHasZeros>(args, tile, column_tile, lane);
+    params = load_group_params<kHasZeros>(args, tile, column_tile, lane);
   }
 
-  // partial += the products of one tile (fp16: x_sum += its 4 activations of this lane).
-  __device__ __forceinline__ void multiply_tile(const uint4& w, int tile, int t) {
+  // partial += the products of one tile; x_sum += its 4 activations of this lane.
+  __device__ __forceinline__ void multiply_tile(const uint4& w, int tile, int) {
     float xs[8];
-    if constexpr (kStaged) {
-      const float4 low = staging.scaled[buffer][t][lane % 4][0], high = staging.scaled[buffer][t][lane % 4][1];
-      xs[0] = low.x, xs[1] = low.y, xs[2] = low.z, xs[3] = low.w, xs[4] = high.x, xs[5] = high.y, xs[6] = high.z,
-      xs[7] = high.w;
-    } else {
-      x_sum += scaled_activations(tile, lane % 4, xs);
-    }
+    x_sum += scaled_activations(tile, lane % 4, xs);
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -188,12 +151,10 @@ struct RowOnCudaCores {
     }
   }
 
-  // acc += scale * partial - scale * z * x_sum for the group of `tile`; then partial = x_sum = 0.
-  __device__ __forceinline__ void end_group(int tile) {
-    if constexpr (kStaged) x_sum = staging.group_sum[buffer][lane % 4][tile % kChunkTiles];
-    const GroupParams p = kEarlyParams ? params : load_group_params<kHasZeros>(args, tile, column_tile, lane);
-    const uint4 s = p.scales;
-    const uint2 z = p.zeros;
+  // acc += scale * partial - scale * z * x_sum for the current group; then partial = x_sum = 0.
+  __device__ __forceinline__ void end_group(int) {
+    const uint4 s = params.scales;
+    const uint2 z = params.zeros;
     const uint32_t scale_pairs[4] = {s.x, s.y, s.z, s.w};
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
