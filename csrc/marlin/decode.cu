@@ -37,9 +37,8 @@
 //   slower on nearly every layer, by up to 22%: benchmarks/results/2026-12-01-decode-streaming.md).
 //   Warps add up through shared memory; with several splits, each block writes fp32 partial sums and
 //   the last block of a column tile to finish (counted on its lock, which it then resets to zero) adds
-//   them up and writes the output. A grid that fills the GPU
-//   is launched as a dependent of the kernel ahead (common.cuh): each warp's first chunk of weights is
-//   on its way before it waits for that kernel.
+//   them up and writes the output. A grid that fills the GPU is launched as a dependent of the kernel
+//   ahead (common.cuh): each warp's first chunk of weights is on its way before it waits for that kernel.
 #include <type_traits>
 
 #include "common.cuh"
