@@ -7,7 +7,9 @@ Kernels: every kernel of `litquant.kernels.REGISTRY` that supports the layer her
 above --torch-max-weights elements), and the peers `cublas` (F.linear with the dense weight in the activation
 dtype), `tinygemm` (torch's int4 `_weight_int4pack_mm`, g128, bf16 only) and `bnb-nf4` (bitsandbytes, if
 importable). Shapes are the Llama-2 7B and 70B linear layers (K x N, with gate and up fused as in the H200
-baseline anchors); weights are random 4-bit codes with random scales and zero points (never all zeros).
+baseline anchors); weights are random 4-bit codes with random scales and zero points (never all zeros), or with
+`--sym` symmetric ones (every zero point 2**(bits-1), as GPTQ writes by default: the kernels then read no zero
+points).
 
 Timing: each kernel gets enough copies of its weights that one pass over them exceeds 4x the L2 cache, a CUDA
 graph replays the calls over all copies (so launch overhead and the CPU stay out, as in `--compile` decode), and the
@@ -73,18 +75,20 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
 
 
 def random_quantized_weight(k: int, n: int, bits: int, group_size: int, device: torch.device,
-                            seed: int) -> QuantizedWeight:
+                            seed: int, sym: bool = False) -> QuantizedWeight:
     gen = torch.Generator(device=device).manual_seed(seed)
     groups = 1 if group_size == -1 else -(-k // group_size)
     codes = torch.randint(0, 2**bits, (k, n), generator=gen, device=device, dtype=torch.uint8)
     scales = (torch.rand(groups, n, generator=gen, device=device) * 2e-3 + 1e-3).to(torch.float16)
     zeros = torch.randint(0, 2**bits, (groups, n), generator=gen, device=device, dtype=torch.uint8)
+    if sym:
+        zeros.fill_(2 ** (bits - 1))
     return QuantizedWeight(codes, scales, zeros, default_g_idx(k, group_size, device), bits, group_size)
 
 
 def build_litquant(name: str, k: int, n: int, bits: int, group_size: int, dtype: torch.dtype,
-                   device: torch.device, seed: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    qw = random_quantized_weight(k, n, bits, group_size, device, seed)
+                   device: torch.device, seed: int, sym: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
+    qw = random_quantized_weight(k, n, bits, group_size, device, seed, sym)
     spec = LayerSpec(k, n, bits, group_size, qw.sym, qw.act_order)
     module = kernel_class(name)(k, n, False, spec, dtype)
     module.load_quantized(qw)
@@ -127,13 +131,16 @@ def peer_problem(name: str, dtype: torch.dtype) -> Optional[str]:
     return None
 
 
-def weight_bytes(name: str, k: int, n: int, bits: int, group_size: int, dtype: torch.dtype) -> int:
+def weight_bytes(name: str, k: int, n: int, bits: int, group_size: int, dtype: torch.dtype,
+                 sym: bool = False) -> int:
     """Bytes a kernel must read for the layer's weights: the dense matrix, or the codes plus one 4-byte
-    scale/zero pair per group and column (the floor of the H200 anchors)."""
+    scale/zero pair per group and column (the floor of the H200 anchors); on symmetric weights, for litquant's
+    kernels, a 2-byte scale (they read no zero points; the torch reference reads them packed, 4 bits)."""
     if name == "cublas":
         return k * n * torch.finfo(dtype).bits // 8
     group = 64 if name == "bnb-nf4" else 128 if name == "tinygemm" else (k if group_size == -1 else group_size)
-    return k * n * bits // 8 + -(-k // group) * n * 4
+    per_group = 2 if sym and name in REGISTRY else 4
+    return k * n * bits // 8 + -(-k // group) * n * per_group
 
 
 def time_calls(fns: List[Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor,
@@ -202,14 +209,14 @@ def benchmark(args: argparse.Namespace) -> dict:
     rows, skipped, tuned = [], {}, {}
     result = dict(meta=dict(device=props.name, torch=torch.__version__, triton=_version("triton"),
                             date=datetime.datetime.now().isoformat(timespec="seconds"), copy_TBps=copy_bps / 1e12,
-                            l2_MiB=l2_bytes >> 20, bits=args.bits, group_size=args.group_size,
+                            l2_MiB=l2_bytes >> 20, bits=args.bits, group_size=args.group_size, sym=args.sym,
                             command=" ".join(sys.argv)),
                   rows=rows, skipped=skipped, triton_configs=tuned)
     for dtype_name in args.dtypes:
         dtype = DTYPES[dtype_name]
         for shape in args.shapes:
             k, n = SHAPES[shape]
-            spec = LayerSpec(k, n, args.bits, args.group_size, False, False)
+            spec = LayerSpec(k, n, args.bits, args.group_size, args.sym, False)
             shape_rows = []
             for name in kernels:
                 if name in PEERS:
@@ -225,12 +232,12 @@ def benchmark(args: argparse.Namespace) -> dict:
                     skipped[f"{name} {shape} {dtype_name}"] = problem
                     log(f"skip {name} {shape} {dtype_name}: {problem}")
                     continue
-                nbytes = weight_bytes(name, k, n, args.bits, args.group_size, dtype)
+                nbytes = weight_bytes(name, k, n, args.bits, args.group_size, dtype, args.sym)
                 copies = max(2, math.ceil(L2_MULTIPLE * l2_bytes / nbytes))
                 fns = []
                 try:
                     fns = [build_peer(name, k, n, dtype, device, seed) if name in PEERS else
-                           build_litquant(name, k, n, args.bits, args.group_size, dtype, device, seed)
+                           build_litquant(name, k, n, args.bits, args.group_size, dtype, device, seed, args.sym)
                            for seed in range(copies)]
                     for m in args.m:
                         x = torch.randn(m, k, device=device).to(dtype)
@@ -268,7 +275,8 @@ def _version(package: str) -> Optional[str]:
 
 def markdown(result: dict) -> str:
     meta = result["meta"]
-    lines = [f"# Kernel benchmark: {meta['device']}, {meta['bits']}-bit g{meta['group_size']}",
+    weights = "symmetric" if meta.get("sym") else "zero points"
+    lines = [f"# Kernel benchmark: {meta['device']}, {meta['bits']}-bit g{meta['group_size']}, {weights}",
              "", f"torch {meta['torch']}, triton {meta['triton']}, {meta['date']}; "
              f"device-to-device copy {meta['copy_TBps']:.2f} TB/s.",
              "Each cell: microseconds per call / speedup over dense cuBLAS / fraction of copy bandwidth.", ""]
@@ -304,6 +312,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--dtypes", type=csv, default=list(DTYPES), help="comma-separated from bf16, fp16")
     parser.add_argument("--bits", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=128)
+    parser.add_argument("--sym", action="store_true",
+                        help="symmetric weights (GPTQ's default: no zero points) instead of random zero points")
     parser.add_argument("--torch-max-weights", type=float, default=1.2e8,
                         help="skip the slow torch reference kernel above this many weights")
     args = parser.parse_args(argv)
