@@ -287,7 +287,7 @@ def test_gpu_small_shapes(shape, group_size):
 def test_gpu_fused_paths_are_as_accurate_as_the_reference(dtype, group_size, sym, shape):
     """Against the exact product (fp64), no fused path's error may exceed the torch reference's by more than
     10%: M = 1 multiplies the codes in fp32 and applies zero point and scale per group after the sums; larger
-    M dequantizes per pair, on mma.sync (decode.cu up to 16 rows, marlin.cu) or (Hopper, M > 32) wgmma."""
+    M dequantizes per pair, on mma.sync (decode.cu up to 16 rows, marlin.cu) or (Hopper, past 16 or 32 rows) wgmma."""
     qw = random_quantized_weight(*shape, group_size, sym=sym, act_order=False, device="cuda")
     module, ref = marlin_module(qw, dtype), torch_reference(qw, dtype)
     g = qw.g_idx.long()

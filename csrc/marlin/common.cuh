@@ -75,6 +75,14 @@ __device__ __forceinline__ void store_release(int32_t* p, int v) {
   asm volatile("st.global.release.gpu.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
+// *p += v, returning the old value: a release of this thread's prior writes (and those ordered before it
+// by a block barrier) and an acquire of those released by the earlier adds.
+__device__ __forceinline__ int add_acq_rel(int32_t* p, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
 // Programmatic dependent launch (sm_90 on; `launch_dependent` below): a kernel so launched may start while the
 // kernel before it in the stream still runs, once every block of that one has called
 // allow_dependent_launch (or exited). Before the wait, a kernel may only read the weight words: integer
@@ -252,16 +260,24 @@ struct DeviceInfo {
 DeviceInfo current_device();
 
 // kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the kernel before it in
-// the stream when `dependent` (then the kernel must call wait_for_prior_kernel, see above).
+// the stream when `dependent` (then the kernel must call wait_for_prior_kernel, see above), and in clusters
+// of `cluster_y` blocks along y when that is more than 1 (sm_90 on).
 template <typename... Params, typename... Args>
 cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                             bool dependent, Args... args) {
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+                             bool dependent, int cluster_y, Args... args) {
+  cudaLaunchAttribute attributes[2];
+  int count = 0;
+  if (dependent) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster_y > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count++].val.clusterDim = {1, (unsigned)cluster_y, 1};
+  }
   cudaLaunchConfig_t config = {};
   config.gridDim = grid, config.blockDim = block, config.dynamicSmemBytes = smem, config.stream = stream;
-  config.attrs = &attribute, config.numAttrs = dependent ? 1 : 0;
+  config.attrs = attributes, config.numAttrs = count;
   return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
 }
 

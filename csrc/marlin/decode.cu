@@ -37,8 +37,10 @@
 //   slower on nearly every layer, by up to 22%: benchmarks/results/2026-12-01-decode-streaming.md).
 //   Warps add up through shared memory; with several splits, each block writes fp32 partial sums and
 //   the last block of a column tile to finish (counted on its lock, which it then resets to zero) adds
-//   them up and writes the output. A grid that fills the GPU is launched as a dependent of the kernel
-//   ahead (common.cuh): each warp's first chunk of weights is on its way before it waits for that kernel.
+//   them up and writes the output; on Hopper, 2 splits are a cluster of 2 blocks that add up each other's
+//   sums straight from shared memory (distributed shared memory), with no global round trips. A grid
+//   that fills the GPU is launched as a dependent of the kernel ahead (common.cuh): each warp's first
+//   chunk of weights is on its way before it waits for that kernel.
 #include <type_traits>
 
 #include "common.cuh"
@@ -309,8 +311,25 @@ __device__ __forceinline__ void stream_chunks(Multiplier& math, const GemmArgs& 
   }
 }
 
+// Distributed shared memory (sm_90 on): a block cluster's blocks read each other's shared memory.
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ float2 load_from_block(const float* local, int rank) {  // at `local` in block `rank`
+  float2 v = make_float2(0.f, 0.f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_address(local)), "r"(rank));
+  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(remote) : "memory");
+#endif
+  return v;
+}
+
 template <typename T, template <typename, bool> class Math, int kGroupTiles, bool kHasZeros>
-__global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) marlin_decode_kernel(const GemmArgs args, int splits) {
+__global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
+    marlin_decode_kernel(const GemmArgs args, int splits, bool clustered) {
   using Multiplier = Math<T, kHasZeros>;
   __shared__ union {  // the warps' staging while they stream, then their sums
     typename Multiplier::Staging staging[kWarps];
@@ -353,15 +372,36 @@ __global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm) marlin_decode_kerne
     for (int i = t; i < pairs; i += kWarps * 32) write(i, warp_sum(i));
     return;
   }
+  if (clustered) {  // the splits of this column tile are one cluster, block `split` its rank
+    // Each block adds up its warps' sums (into warp 0's place), then takes its share of the tile's pairs
+    // and adds up the blocks' sums in rank order, reading them from their shared memory. The second
+    // barrier keeps every block's shared memory alive until the others have read it.
+    for (int i = t; i < pairs; i += kWarps * 32) {
+      const float2 total = warp_sum(i);
+      shared.sums[0][i / 32][2 * (i % 32)] = total.x, shared.sums[0][i / 32][2 * (i % 32) + 1] = total.y;
+    }
+    cluster_sync();
+    for (int i = pairs * split / splits + t; i < pairs * (split + 1) / splits; i += kWarps * 32) {
+      float2 total = make_float2(0.f, 0.f);
+      for (int rank = 0; rank < splits; ++rank) {
+        const float2 v = load_from_block(&shared.sums[0][i / 32][2 * (i % 32)], rank);
+        total.x += v.x, total.y += v.y;
+      }
+      write(i, total);
+    }
+    cluster_sync();
+    return;
+  }
   float2* partial = reinterpret_cast<float2*>(args.partial);
   const size_t split_pairs = (size_t)args.M * row_pairs;
   for (int i = t; i < pairs; i += kWarps * 32) partial[split * split_pairs + at(i)] = warp_sum(i);
-  __threadfence();
+  // One add with release and acquire semantics by one thread, after the block barrier (in place of a fence by
+  // every thread before a relaxed add, and another after it): 1-3% faster on the layers of 4 and 8 splits
+  // (7B-down M = 1 11.2 -> 10.8 us, 70B-qkv 18.5 -> 18.2).
   __syncthreads();
-  if (t == 0) last_block = atomicAdd(&args.locks[column_tile], 1) == splits - 1;
+  if (t == 0) last_block = add_acq_rel(&args.locks[column_tile], 1) == splits - 1;
   __syncthreads();
   if (!last_block) return;
-  __threadfence();
   for (int i = t; i < pairs; i += kWarps * 32) {
     float2 total = make_float2(0.f, 0.f);
     for (int y = 0; y < splits; ++y) {
@@ -406,28 +446,38 @@ bool decode_launch_dependent(const DeviceInfo& device, int blocks) {
   return device.dependent_launch && 10 * blocks >= 9 * kBlocksPerSm * device.sms;
 }
 
+// Whether the k splits add up in a block cluster (sm_90 on) rather than through global memory and a lock: for
+// 2 splits. Measured on an H200 (g128, interleaved; benchmarks/results/2026-12-01-decode-reduction.md): the
+// lock path's last-block sum costs 1.0-3.2 us (13-19% on the 7B layers of 2 and 8 splits); clusters of 2 take
+// 7B-qkv (2 splits) 6-15% faster (M = 1 11.8 -> 10.9 us, M = 16 17.2 -> 14.6); clusters of 4 and 8 were up to
+// 27% slower where the grid is about one wave (70B-down M = 1 38.2 -> 45.5 us, 7B-down 11.1 -> 13.2), level on
+// 70B-qkv (1.2 waves), presumably as fewer blocks fit at once when the blocks of a cluster must be placed together.
+bool decode_clustered(const DeviceInfo& device, int splits) {
+  return device.major >= 9 && splits == 2;
+}
+
 template <typename T, template <typename, bool> class Math, int kGroupTiles>
-const char* launch(const GemmArgs& args, int splits, bool dependent, cudaStream_t stream) {
+const char* launch(const GemmArgs& args, int splits, bool dependent, bool clustered, cudaStream_t stream) {
   auto kernel = args.zeros ? marlin_decode_kernel<T, Math, kGroupTiles, true>
                            : marlin_decode_kernel<T, Math, kGroupTiles, false>;
-  const cudaError_t err =
-      launch_dependent(kernel, dim3(args.N / 64, splits), dim3(kWarps * 32), 0, stream, dependent, args, splits);
+  const cudaError_t err = launch_dependent(kernel, dim3(args.N / 64, splits), dim3(kWarps * 32), 0, stream, dependent,
+                                           clustered ? splits : 1, args, splits, clustered);
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
 template <typename T, template <typename, bool> class Math>
-const char* dispatch_group(const GemmArgs& args, int splits, bool dependent, cudaStream_t stream) {
+const char* dispatch_group(const GemmArgs& args, int splits, bool dependent, bool clustered, cudaStream_t stream) {
   switch (args.group_shift) {  // a group every 2, 4 or 8 tiles (one group over K: every chunk)
-    case 5: return launch<T, Math, 2>(args, splits, dependent, stream);
-    case 6: return launch<T, Math, 4>(args, splits, dependent, stream);
-    default: return launch<T, Math, 8>(args, splits, dependent, stream);
+    case 5: return launch<T, Math, 2>(args, splits, dependent, clustered, stream);
+    case 6: return launch<T, Math, 4>(args, splits, dependent, clustered, stream);
+    default: return launch<T, Math, 8>(args, splits, dependent, clustered, stream);
   }
 }
 
 template <typename T>
-const char* dispatch_rows(const GemmArgs& args, int splits, bool dependent, cudaStream_t stream) {
-  return args.M == 1 ? dispatch_group<T, RowOnCudaCores>(args, splits, dependent, stream)
-                     : dispatch_group<T, RowsOnTensorCores>(args, splits, dependent, stream);
+const char* dispatch_rows(const GemmArgs& args, int splits, bool dependent, bool clustered, cudaStream_t stream) {
+  return args.M == 1 ? dispatch_group<T, RowOnCudaCores>(args, splits, dependent, clustered, stream)
+                     : dispatch_group<T, RowsOnTensorCores>(args, splits, dependent, clustered, stream);
 }
 
 }  // namespace
@@ -436,14 +486,15 @@ bool decode_serves(int M, int K) { return M <= kMaxRows && K % (kChunkTiles * 16
 
 int64_t decode_partial_floats(const DeviceInfo& device, int M, int K, int N) {
   const int splits = decode_splits(device, K, N);
-  return splits > 1 ? (int64_t)splits * M * N : 0;
+  return splits > 1 && !decode_clustered(device, splits) ? (int64_t)splits * M * N : 0;
 }
 
 const char* decode_gemm(const GemmArgs& args, bool is_bf16, const DeviceInfo& device, cudaStream_t stream) {
   const int splits = decode_splits(device, args.K, args.N);
   const bool dependent = decode_launch_dependent(device, args.N / 64 * splits);
-  return is_bf16 ? dispatch_rows<__nv_bfloat16>(args, splits, dependent, stream)
-                 : dispatch_rows<half>(args, splits, dependent, stream);
+  const bool clustered = decode_clustered(device, splits);
+  return is_bf16 ? dispatch_rows<__nv_bfloat16>(args, splits, dependent, clustered, stream)
+                 : dispatch_rows<half>(args, splits, dependent, clustered, stream);
 }
 
 }  // namespace litquant_marlin

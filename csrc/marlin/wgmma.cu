@@ -605,12 +605,12 @@ const char* launch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, const Devi
   if (const char* bad = encode_maps<T>(&maps, args, BM)) return bad;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return cudaGetErrorString(err);
-  err = launch_dependent(kernel, dim3(plan.grid), dim3(WgTile<BM>::kThreads), kSmem, stream, device.dependent_launch,
-                         args, maps, plan.work);
+  err = launch_dependent(kernel, dim3(plan.grid), dim3(WgTile<BM>::kThreads), kSmem, stream,
+                         device.dependent_launch, 1, args, maps, plan.work);
   if (err == cudaSuccess && plan.work.splits > 1) {
     const int64_t quads = (int64_t)args.M * args.N / 4;
     const int grid = (int)std::min<int64_t>((quads + 255) / 256, 8 * device.sms);
-    err = launch_dependent(wgmma_sum_splits_kernel<T>, dim3(grid), dim3(256), 0, stream, device.dependent_launch,
+    err = launch_dependent(wgmma_sum_splits_kernel<T>, dim3(grid), dim3(256), 0, stream, device.dependent_launch, 1,
                            args.partial, static_cast<const T*>(args.bias), static_cast<T*>(args.out), quads, args.N,
                            plan.work.splits);
   }
