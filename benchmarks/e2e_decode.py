@@ -6,12 +6,19 @@ g128 through litquant's own loading path (QuantizedPrecision + the kernel's repa
 compiles, so Python overhead does not hide the kernels. The weight-bandwidth limit is the bytes of weights
 read per token over the device-to-device copy bandwidth measured in the same run.
 
-    python benchmarks/e2e_decode.py --out_dir benchmarks/results --kernels torch,triton,marlin
+    python benchmarks/e2e_decode.py --out_dir benchmarks/results --variants bf16,marlin
+    python benchmarks/e2e_decode.py --variants bf16,marlin --compile yes --profile 20
+
+`--profile N` then decodes N more tokens under torch.profiler and prints, per variant, where a token's GPU time
+goes (quantized matmuls, cuBLAS, attention, Inductor's fused kernels, copies) and how much of the token the GPU
+is idle; the kernels are written to `profile_<variant>.json` beside the results.
 """
 import argparse
 import json
 import time
+from collections import defaultdict
 from pathlib import Path
+from typing import Callable, Dict, List
 
 import torch
 from litgpt.config import Config
@@ -72,9 +79,11 @@ def build(config: Config, variant: str) -> GPT:
 
 
 @torch.inference_mode()
-def decode_tokens_per_second(model: GPT, compile: bool, tokens: int, prompt_len: int = 16) -> float:
+def decoder(model: GPT, compile: bool, max_tokens: int, prompt_len: int = 16) -> Callable[[int], float]:
+    """Prefill a random prompt and decode 3 warm-up tokens (capturing the CUDA graph); returns `decode(n)`, which
+    decodes n more tokens (n in all at most `max_tokens`) and returns the seconds they took."""
     model.eval()
-    model.max_seq_length = prompt_len + tokens + 8
+    model.max_seq_length = prompt_len + max_tokens + 8
     set_kv_cache(model, torch.device("cuda"))
     compiled = torch.compile(next_token, mode="reduce-overhead") if compile else next_token
 
@@ -82,15 +91,66 @@ def decode_tokens_per_second(model: GPT, compile: bool, tokens: int, prompt_len:
         torch.compiler.cudagraph_mark_step_begin()
         return compiled(*args).clone()
     prompt = torch.randint(0, model.config.vocab_size, (1, prompt_len), device="cuda")
-    token = step(model, torch.arange(prompt_len, device="cuda"), prompt)
-    for i in range(3):  # warm up (and capture the CUDA graph)
-        token = step(model, torch.tensor([prompt_len + i], device="cuda"), token.view(1, -1))
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for i in range(tokens):
-        token = step(model, torch.tensor([prompt_len + 3 + i], device="cuda"), token.view(1, -1))
-    torch.cuda.synchronize()
-    return tokens / (time.perf_counter() - start)
+    state = {"token": step(model, torch.arange(prompt_len, device="cuda"), prompt), "pos": prompt_len}
+
+    @torch.inference_mode()
+    def decode(n: int) -> float:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(n):
+            state["token"] = step(model, torch.tensor([state["pos"]], device="cuda"), state["token"].view(1, -1))
+            state["pos"] += 1
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+    decode(3)  # warm up (and capture the CUDA graph)
+    return decode
+
+
+# Kernel name -> what it is, first match wins (names as the CUDA profiler reports them).
+CATEGORIES = [
+    ("quantized matmul", ("marlin", "_gemv_kernel", "_mma_kernel", "_dequant_kernel", "kgemm_4bit", "tinygemm", "int4")),
+    ("attention", ("flash", "fmha", "attention", "Attention", "sdpa")),
+    ("cuBLAS matmul", ("gemm", "gemv", "nvjet", "cutlass", "xmma")),
+    ("Inductor fused", ("triton_",)),
+    ("copy / index", ("memcpy", "Memcpy", "memset", "Memset", "copy", "index", "Cat", "scatter", "gather")),
+]
+
+
+def category(kernel_name: str) -> str:
+    return next((name for name, keys in CATEGORIES if any(k in kernel_name for k in keys)), "other")
+
+
+def profile_decode(decode: Callable[[int], float], tokens: int, trace: Path) -> Dict:
+    """Decode `tokens` tokens under torch.profiler: GPU microseconds and kernels per token by category, the GPU's
+    busy time against the wall time of a token, and the 15 kernels that take the most time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        wall = decode(tokens)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    per_category: Dict[str, List[float]] = defaultdict(lambda: [0.0, 0])
+    per_kernel: Dict[str, List[float]] = defaultdict(lambda: [0.0, 0])
+    for e in kernels:
+        us = e.time_range.elapsed_us()
+        for table in (per_category[category(e.name)], per_kernel[e.name]):
+            table[0] += us / tokens
+            table[1] += 1 / tokens
+    busy = sum(us for us, _ in per_category.values())
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:15]
+    trace.write_text(json.dumps([{"name": n, "us_per_token": us, "per_token": c} for n, (us, c) in
+                                 sorted(per_kernel.items(), key=lambda kv: -kv[1][0])], indent=1))
+    return {"wall_us_per_token": 1e6 * wall / tokens, "gpu_busy_us_per_token": busy,
+            "categories": {k: {"us": us, "kernels": c} for k, (us, c) in sorted(per_category.items(),
+                                                                                key=lambda kv: -kv[1][0])},
+            "top_kernels": [{"name": n[:120], "us": us, "per_token": c} for n, (us, c) in top]}
+
+
+def print_profile(variant: str, p: Dict) -> None:
+    print(f"{variant}: {p['wall_us_per_token']:.0f} us a token (wall), the GPU busy {p['gpu_busy_us_per_token']:.0f} us")
+    for name, c in p["categories"].items():
+        print(f"    {name:18} {c['us']:8.1f} us  {c['kernels']:6.1f} kernels a token")
+    for k in p["top_kernels"]:
+        print(f"      {k['us']:8.1f} us  x{k['per_token']:5.1f}  {k['name']}")
 
 
 def main() -> None:
@@ -100,6 +160,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--compile", choices=["yes", "no", "both"], default="both")
     parser.add_argument("--out_dir", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--profile", type=int, default=0, help="then decode this many tokens under torch.profiler")
     args = parser.parse_args()
     config = Config.from_name(args.model)
     bandwidth = copy_bandwidth()
@@ -116,16 +177,24 @@ def main() -> None:
         limit = bandwidth / weight_bytes
         modes = {"yes": [True], "no": [False], "both": [False, True]}[args.compile]
         for compile in modes:
+            profile = None
             try:
-                tps = decode_tokens_per_second(model, compile, args.tokens)
-                error = None
+                decode = decoder(model, compile, args.tokens + args.profile)
+                tps, error = args.tokens / decode(args.tokens), None
+                if args.profile:
+                    trace = args.out_dir / f"profile_{variant}{'_compiled' if compile else ''}.json"
+                    args.out_dir.mkdir(parents=True, exist_ok=True)
+                    profile = profile_decode(decode, args.profile, trace)
             except Exception as e:
                 tps, error = float("nan"), f"{type(e).__name__}: {e}"
             row = {"variant": variant, "compile": compile, "tokens_per_s": tps, "weight_gib": weight_bytes / 2**30,
-                   "bandwidth_limit_tokens_per_s": limit, "fraction_of_limit": tps / limit, "error": error}
+                   "bandwidth_limit_tokens_per_s": limit, "fraction_of_limit": tps / limit, "error": error,
+                   "profile": profile}
             rows.append(row)
             print(f"{variant:10} compile={compile!s:5} {tps:8.1f} tok/s  weights {weight_bytes / 2**30:6.2f} GiB  "
                   f"limit {limit:7.1f} tok/s  ({100 * tps / limit:5.1f}%)" + (f"  {error}" if error else ""))
+            if profile:
+                print_profile(f"{variant} compile={compile}", profile)
         del model
         torch.cuda.empty_cache()
     args.out_dir.mkdir(parents=True, exist_ok=True)
