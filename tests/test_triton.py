@@ -97,14 +97,25 @@ def test_4bit_matches_reference(case, dtype, path):
     check_against_references(qw, PATHS[path], dtype, ms=(1, 3) if path == "gemv" else (1, 3, 17))
 
 
-@pytest.mark.parametrize("bits", [2, 8])
-@pytest.mark.parametrize("case", ["g32-act-zp", "g128-sym"])
-def test_2_and_8_bit_match_reference(bits, case):
+@pytest.mark.parametrize("bits", [2, 3, 8])
+@pytest.mark.parametrize("case", ["g32-act-zp", "g128-sym", "gall-zp"])
+def test_2_3_and_8_bit_match_reference(bits, case):
     group_size, act_order, zero_point, k = CASES[case]
     qw = random_quantized(k, 40, bits, group_size, act_order, zero_point, seed=bits)
     # split_k 3 over 1-2 chunks: some splits get no chunk and must add zeros
-    for config in (tk.KernelConfig("gemv", block_n=64, block_m=1), tk.KernelConfig("mma", block_n=32, split_k=3)):
+    for config in (tk.KernelConfig("gemv", block_n=64, block_m=1), tk.KernelConfig("mma", block_n=32, split_k=3),
+                   PATHS["dequant"]):
         check_against_references(qw, config, torch.bfloat16, ms=(1, 5))
+
+
+def test_3bit_layout():
+    """At 3 bits a word holds ten codes (bits 0..29): field j of word (c, n, w) is sorted row c*160 + 16*j + w."""
+    qw = random_quantized(320, 8, 3, 64, act_order=True, zero_point=True)
+    packed = tk.repack(qw)
+    assert tk.chunk_rows(3) == 160 and packed.qweight.shape == (2, 8, 16)
+    fields = (packed.qweight.unsqueeze(-1).long() >> (torch.arange(10, device=DEVICE) * 3)) & 7  # [c, n, w, j]
+    assert torch.equal(fields.permute(0, 3, 2, 1).reshape(320, 8).to(torch.uint8), qw.codes[packed.perm.long()])
+    assert not (packed.qweight.long() & (3 << 30)).any()  # the top two bits stay clear
 
 
 @pytest.mark.parametrize("config", [tk.KernelConfig("gemv", block_n=64, block_m=1, split_k=3),
@@ -169,12 +180,12 @@ def test_auto_prefers_triton_on_gpus_only():
 
 def test_unsupported_layers_are_refused_with_reasons():
     cls = tk.TritonQuantLinear
-    assert cls.unsupported(LayerSpec(256, 48, 3, 128, True, False), DEVICE, torch.float16) == (
-        "supports 2/4/8-bit, not 3-bit")
+    assert cls.unsupported(LayerSpec(256, 48, 5, 128, True, False), DEVICE, torch.float16) == (
+        "supports 2/3/4/8-bit, not 5-bit")
     assert cls.unsupported(LayerSpec(256, 48, 4, 48, True, False), DEVICE, torch.float16) == (
         "supports group_size 32/64/128/256/-1, not 48")
-    with pytest.raises(KernelNotSupported, match="kernel 'triton' cannot run .* not 3-bit. Kernels that can: torch"):
-        select_kernel("triton", [("h.0.attn.qkv", LayerSpec(256, 48, 3, 128, True, False))], DEVICE, torch.float16)
+    with pytest.raises(KernelNotSupported, match="kernel 'triton' cannot run .* not 48. Kernels that can: torch"):
+        select_kernel("triton", [("h.0.attn.qkv", LayerSpec(256, 48, 4, 48, True, False))], DEVICE, torch.float16)
 
 
 def test_bad_weights_raise_clear_errors():
@@ -234,6 +245,22 @@ def test_real_shapes_gpu(shape, path):
             tk.quant_matmul(x, packed, out=out, config=config)
             assert torch.isfinite(out).all()
             assert relative_error(out, x.float() @ weight.t()) <= TOLERANCE[dtype], f"{dtype} M={m}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", GPU_PATHS)
+def test_3bit_real_shape_gpu(path):
+    """3-bit codes, ten to a word (160-row chunks, in which no quantization group ends evenly)."""
+    config, ms = GPU_PATHS[path]
+    qw = random_quantized(4096, 11008, 3, 128, act_order=True, zero_point=True, device=torch.device("cuda"))
+    packed = tk.repack(qw)
+    weight = qw.dequantize(torch.float32)
+    for m in ms:
+        x = torch.randn(m, 4096, device="cuda").to(torch.bfloat16)
+        out = torch.full((m, 11008), float("nan"), dtype=torch.bfloat16, device="cuda")
+        tk.quant_matmul(x, packed, out=out, config=config)
+        assert torch.isfinite(out).all()
+        assert relative_error(out, x.float() @ weight.t()) <= TOLERANCE[torch.bfloat16], f"M={m}"
 
 
 @pytest.mark.gpu

@@ -1,7 +1,9 @@
-"""The `triton` kernel: a fused dequantize-matmul for 2/4/8-bit GPTQ (with or without act_order) and AWQ weights.
+"""The `triton` kernel: a fused dequantize-matmul for 2/3/4/8-bit GPTQ (with or without act_order) and AWQ weights.
 
 Layout (built once at load by `repack`, with vectorized torch on the target device)
-    K is cut into chunks of ROWS = 16 * V input rows, V = 32 // bits codes per int32 word (ROWS = 128 at 4 bits).
+    K is cut into chunks of ROWS = 16 * V input rows, V = 32 // bits codes per int32 word (ROWS = 128 at 4 bits;
+    at 3 bits ten codes fill 30 bits of a word, so a weight takes 3.2 bits here against 3 on disk, where AutoGPTQ
+    packs 32 codes into 3 words with codes across word boundaries, which no field-wise decode can read).
     `qweight[c, n, w]` (int32 [C, N, 16]) is word w of chunk c of output column n; its field j (bits
     [bits*j, bits*(j+1))) is the code of input row k = c*ROWS + 16*j + w. Hence:
     - one chunk of a [BLOCK_N] column block is one contiguous block of BLOCK_N * 64 bytes (coalesced loads);
@@ -58,14 +60,14 @@ from litquant.kernels.ops import quant_linear_op
 # Triton decides at import (when `triton.jit` runs) whether kernels are compiled or interpreted on the CPU.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 log = logging.getLogger("litquant.kernels.triton")
-SUPPORTED_BITS = (2, 4, 8)
+SUPPORTED_BITS = (2, 3, 4, 8)
 WORDS_PER_CHUNK = 16
 NO_GROUP = 1 << 30  # the group size the kernels see for group_size -1: every row is in group 0
 PERMUTE_X_ABOVE_M = 64  # act_order: above this many rows, permute x once rather than gather it in every tile
 
 
 def chunk_rows(bits: int) -> int:
-    """Input rows per chunk of the packed layout (128 at 4 bits)."""
+    """Input rows per chunk of the packed layout (128 at 4 bits, 160 at 3)."""
     return WORDS_PER_CHUNK * (32 // bits)
 
 
@@ -143,15 +145,17 @@ def _activation_columns(perm_ptr, rows, K, HAS_PERM: tl.constexpr):
 
 @triton.jit
 def _chunk_scales(scales_ptr, zeros_ptr, c, group_size, offs_n, n_mask, N, K, BITS: tl.constexpr,
-                  HAS_ZEROS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, WORDS: tl.constexpr):
+                  HAS_ZEROS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, WORDS: tl.constexpr,
+                  FIELDS: tl.constexpr):
     """2**BITS * scale, and its product with `zeros`, as [BLOCK_N, G, 1] for the G groups of chunk c: one group
-    when the chunk lies in one, else one per field (16-row run)."""
+    when the chunk lies in one, else one per field (16-row run; FIELDS of them, the power of two >= 32 // BITS,
+    the runs past the chunk taking valid but unused groups)."""
     VALUES: tl.constexpr = 32 // BITS
     if GROUP_PER_CHUNK:
         s, z = _group_params(scales_ptr, zeros_ptr, c * VALUES * WORDS, group_size, offs_n, n_mask, N, K, HAS_ZEROS)
         s, z = s[:, None], z[:, None]
     else:
-        runs = c * VALUES * WORDS + tl.arange(0, VALUES) * WORDS
+        runs = c * VALUES * WORDS + tl.arange(0, FIELDS) * WORDS
         s, z = _group_params(scales_ptr, zeros_ptr, runs[None, :], group_size, offs_n[:, None], n_mask[:, None], N,
                              K, HAS_ZEROS)
     s = s * (1 << BITS)
@@ -159,17 +163,19 @@ def _chunk_scales(scales_ptr, zeros_ptr, c, group_size, offs_n, n_mask, N, K, BI
 
 
 @triton.jit
-def _chunk_weights(words, s, sz, BITS: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
-    """The fp32 weights s * (q - z) [BLOCK_N, ROWS] of one chunk: column 16*j + w from field j of word w.
+def _chunk_weights(words, s, sz, BITS: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr,
+                   FIELDS: tl.constexpr):
+    """The fp32 weights s * (q - z) [BLOCK_N, FIELDS * WORDS] of one chunk: column 16*j + w from field j of word w
+    (columns from ROWS on, fields past the 32 // BITS of a word, are copies of the last field's).
 
     Each field is shifted under the exponent of 1.0, f = 1 + q / 2**BITS exactly, and s * f + sz is the weight
-    (s and sz from `_chunk_scales`). The fields are unpacked as [BLOCK_N, VALUES, WORDS], whose row-major
+    (s and sz from `_chunk_scales`). The fields are unpacked as [BLOCK_N, FIELDS, WORDS], whose row-major
     reshape is the chunk's row order."""
     VALUES: tl.constexpr = 32 // BITS
-    shifts = tl.arange(0, VALUES) * BITS
+    shifts = tl.minimum(tl.arange(0, FIELDS), VALUES - 1) * BITS
     mantissa = ((words[:, None, :] >> shifts[None, :, None]) << (23 - BITS)) & (((1 << BITS) - 1) << (23 - BITS))
     f = (mantissa | 0x3F800000).to(tl.float32, bitcast=True)
-    return tl.reshape(f * s + sz, (BLOCK_N, VALUES * WORDS))
+    return tl.reshape(f * s + sz, (BLOCK_N, FIELDS * WORDS))
 
 
 @triton.jit
@@ -372,8 +378,9 @@ def _mma_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, o
 @triton.jit
 def _dequant_kernel(qweight_ptr, scales_ptr, zeros_ptr, w_ptr, N, K, group_size,
                     BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, HAS_ZEROS: tl.constexpr,
-                    BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
-    """Write W[n, k] = s * (q - z) in w_ptr's dtype (sorted row order) for BLOCK_N columns of one chunk."""
+                    BLOCK_N: tl.constexpr, WORDS: tl.constexpr, FIELDS: tl.constexpr):
+    """Write W[n, k] = s * (q - z) in w_ptr's dtype (sorted row order) for BLOCK_N columns of one chunk; FIELDS is
+    the power of two >= 32 // BITS (tl.arange needs one)."""
     ROWS: tl.constexpr = (32 // BITS) * WORDS
     pid_n = tl.program_id(0)
     c = tl.program_id(1)
@@ -382,11 +389,12 @@ def _dequant_kernel(qweight_ptr, scales_ptr, zeros_ptr, w_ptr, N, K, group_size,
     words = tl.load(qweight_ptr + c * N * WORDS + offs_n[:, None] * WORDS + tl.arange(0, WORDS)[None, :],
                     mask=n_mask[:, None], other=0)
     s, sz = _chunk_scales(scales_ptr, zeros_ptr, c, group_size, offs_n, n_mask, N, K, BITS, HAS_ZEROS,
-                          GROUP_PER_CHUNK, WORDS)
-    w = _chunk_weights(words, s, sz, BITS, BLOCK_N, WORDS)
-    k = c * ROWS + tl.arange(0, ROWS)
+                          GROUP_PER_CHUNK, WORDS, FIELDS)
+    w = _chunk_weights(words, s, sz, BITS, BLOCK_N, WORDS, FIELDS)
+    r = tl.arange(0, FIELDS * WORDS)
+    k = c * ROWS + r
     tl.store(w_ptr + offs_n.to(tl.int64)[:, None] * K + k[None, :], w.to(w_ptr.dtype.element_ty),
-             mask=n_mask[:, None] & (k < K)[None, :])
+             mask=n_mask[:, None] & ((r < ROWS) & (k < K))[None, :])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -551,12 +559,13 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scales:
     m, k = x.shape
     n = qweight.shape[1]
     group = NO_GROUP if group_size == -1 else group_size
-    flags = dict(BITS=bits, HAS_ZEROS=zeros is not None, GROUP_PER_CHUNK=group % chunk_rows(bits) == 0,
-                 WORDS=WORDS_PER_CHUNK)
+    group_per_chunk = group_size == -1 or group % chunk_rows(bits) == 0  # 3-bit chunks (160 rows) hold no whole group
+    flags = dict(BITS=bits, HAS_ZEROS=zeros is not None, GROUP_PER_CHUNK=group_per_chunk, WORDS=WORDS_PER_CHUNK)
     if config.path == "dequant":
         weight = torch.empty(n, k, dtype=x.dtype, device=x.device)
         _dequant_kernel[(triton.cdiv(n, 64), triton.cdiv(k, chunk_rows(bits)))](
-            qweight, scales, zeros, weight, n, k, group, BLOCK_N=64, **flags)
+            qweight, scales, zeros, weight, n, k, group, BLOCK_N=64, FIELDS=triton.next_power_of_2(32 // bits),
+            **flags)
         if perm is not None:
             x = x.index_select(1, perm)
         torch.mm(x, weight.t(), out=out)
