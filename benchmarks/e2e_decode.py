@@ -147,6 +147,8 @@ def profile_decode(decode: Callable[[int], float], tokens: int, trace: Path) -> 
 
 def print_profile(variant: str, p: Dict) -> None:
     print(f"{variant}: {p['wall_us_per_token']:.0f} us a token (wall), the GPU busy {p['gpu_busy_us_per_token']:.0f} us")
+    if not p["categories"]:
+        print("    the profiler recorded no GPU kernels (if CUDA graphs hid them, try --compile no)")
     for name, c in p["categories"].items():
         print(f"    {name:18} {c['us']:8.1f} us  {c['kernels']:6.1f} kernels a token")
     for k in p["top_kernels"]:
