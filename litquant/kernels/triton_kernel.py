@@ -3,7 +3,7 @@
 Layout (built once at load by `repack`, with vectorized torch on the target device)
     K is cut into chunks of ROWS = 16 * V input rows, V = 32 // bits codes per int32 word (ROWS = 128 at 4 bits;
     at 3 bits ten codes fill 30 bits of a word, so a weight takes 3.2 bits here against 3 on disk, where AutoGPTQ
-    packs 32 codes into 3 words with codes across word boundaries, which no field-wise decode can read).
+    packs 32 codes into 3 words and two of them straddle word boundaries, out of reach of one shift and mask).
     `qweight[c, n, w]` (int32 [C, N, 16]) is word w of chunk c of output column n; its field j (bits
     [bits*j, bits*(j+1))) is the code of input row k = c*ROWS + 16*j + w. Hence:
     - one chunk of a [BLOCK_N] column block is one contiguous block of BLOCK_N * 64 bytes (coalesced loads);
@@ -559,7 +559,7 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scales:
     m, k = x.shape
     n = qweight.shape[1]
     group = NO_GROUP if group_size == -1 else group_size
-    group_per_chunk = group_size == -1 or group % chunk_rows(bits) == 0  # 3-bit chunks (160 rows) hold no whole group
+    group_per_chunk = group_size == -1 or group % chunk_rows(bits) == 0  # at 3 bits (160-row chunks) only for -1
     flags = dict(BITS=bits, HAS_ZEROS=zeros is not None, GROUP_PER_CHUNK=group_per_chunk, WORDS=WORDS_PER_CHUNK)
     if config.path == "dequant":
         weight = torch.empty(n, k, dtype=x.dtype, device=x.device)
