@@ -108,7 +108,8 @@ def decoder(model: GPT, compile: bool, max_tokens: int, prompt_len: int = 16) ->
 
 # Kernel name -> what it is, first match wins (names as the CUDA profiler reports them).
 CATEGORIES = [
-    ("quantized matmul", ("marlin", "_gemv_kernel", "_mma_kernel", "_dequant_kernel", "kgemm_4bit", "tinygemm", "int4")),
+    ("quantized matmul", ("marlin", "_gemv_kernel", "_mma_kernel", "_dequant_kernel", "kgemm_4bit", "tinygemm",
+                          "int4")),
     ("attention", ("flash", "fmha", "attention", "Attention", "sdpa")),
     ("cuBLAS matmul", ("gemm", "gemv", "nvjet", "cutlass", "xmma")),
     ("Inductor fused", ("triton_",)),
@@ -146,7 +147,8 @@ def profile_decode(decode: Callable[[int], float], tokens: int, trace: Path) -> 
 
 
 def print_profile(variant: str, p: Dict) -> None:
-    print(f"{variant}: {p['wall_us_per_token']:.0f} us a token (wall), the GPU busy {p['gpu_busy_us_per_token']:.0f} us")
+    print(f"{variant}: {p['wall_us_per_token']:.0f} us a token (wall), "
+          f"the GPU busy {p['gpu_busy_us_per_token']:.0f} us")
     if not p["categories"]:
         print("    the profiler recorded no GPU kernels (if CUDA graphs hid them, try --compile no)")
     for name, c in p["categories"].items():

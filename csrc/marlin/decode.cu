@@ -456,28 +456,41 @@ bool decode_clustered(const DeviceInfo& device, int splits) {
   return device.major >= 9 && splits == 2;
 }
 
+// How a layer runs on this GPU: its k splits, whether the grid is a programmatic dependent of the kernel ahead,
+// and whether the splits add up in a cluster.
+struct DecodePlan {
+  int splits;
+  bool dependent, clustered;
+};
+
+DecodePlan plan_decode(const DeviceInfo& device, int K, int N) {
+  const int splits = decode_splits(device, K, N);
+  return {splits, decode_launch_dependent(device, N / 64 * splits), decode_clustered(device, splits)};
+}
+
 template <typename T, template <typename, bool> class Math, int kGroupTiles>
-const char* launch(const GemmArgs& args, int splits, bool dependent, bool clustered, cudaStream_t stream) {
+const char* launch(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
   auto kernel = args.zeros ? marlin_decode_kernel<T, Math, kGroupTiles, true>
                            : marlin_decode_kernel<T, Math, kGroupTiles, false>;
-  const cudaError_t err = launch_dependent(kernel, dim3(args.N / 64, splits), dim3(kWarps * 32), 0, stream, dependent,
-                                           clustered ? splits : 1, args, splits, clustered);
+  const cudaError_t err =
+      launch_dependent(kernel, dim3(args.N / 64, plan.splits), dim3(kWarps * 32), 0, stream, plan.dependent,
+                       plan.clustered ? plan.splits : 1, args, plan.splits, plan.clustered);
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
 template <typename T, template <typename, bool> class Math>
-const char* dispatch_group(const GemmArgs& args, int splits, bool dependent, bool clustered, cudaStream_t stream) {
+const char* dispatch_group(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
   switch (args.group_shift) {  // a group every 2, 4 or 8 tiles (one group over K: every chunk)
-    case 5: return launch<T, Math, 2>(args, splits, dependent, clustered, stream);
-    case 6: return launch<T, Math, 4>(args, splits, dependent, clustered, stream);
-    default: return launch<T, Math, 8>(args, splits, dependent, clustered, stream);
+    case 5: return launch<T, Math, 2>(args, plan, stream);
+    case 6: return launch<T, Math, 4>(args, plan, stream);
+    default: return launch<T, Math, 8>(args, plan, stream);
   }
 }
 
 template <typename T>
-const char* dispatch_rows(const GemmArgs& args, int splits, bool dependent, bool clustered, cudaStream_t stream) {
-  return args.M == 1 ? dispatch_group<T, RowOnCudaCores>(args, splits, dependent, clustered, stream)
-                     : dispatch_group<T, RowsOnTensorCores>(args, splits, dependent, clustered, stream);
+const char* dispatch_rows(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
+  return args.M == 1 ? dispatch_group<T, RowOnCudaCores>(args, plan, stream)
+                     : dispatch_group<T, RowsOnTensorCores>(args, plan, stream);
 }
 
 }  // namespace
@@ -485,16 +498,13 @@ const char* dispatch_rows(const GemmArgs& args, int splits, bool dependent, bool
 bool decode_serves(int M, int K) { return M <= kMaxRows && K % (kChunkTiles * 16) == 0; }
 
 int64_t decode_partial_floats(const DeviceInfo& device, int M, int K, int N) {
-  const int splits = decode_splits(device, K, N);
-  return splits > 1 && !decode_clustered(device, splits) ? (int64_t)splits * M * N : 0;
+  const DecodePlan plan = plan_decode(device, K, N);
+  return plan.splits > 1 && !plan.clustered ? (int64_t)plan.splits * M * N : 0;
 }
 
 const char* decode_gemm(const GemmArgs& args, bool is_bf16, const DeviceInfo& device, cudaStream_t stream) {
-  const int splits = decode_splits(device, args.K, args.N);
-  const bool dependent = decode_launch_dependent(device, args.N / 64 * splits);
-  const bool clustered = decode_clustered(device, splits);
-  return is_bf16 ? dispatch_rows<__nv_bfloat16>(args, splits, dependent, clustered, stream)
-                 : dispatch_rows<half>(args, splits, dependent, clustered, stream);
+  const DecodePlan plan = plan_decode(device, args.K, args.N);
+  return is_bf16 ? dispatch_rows<__nv_bfloat16>(args, plan, stream) : dispatch_rows<half>(args, plan, stream);
 }
 
 }  // namespace litquant_marlin
