@@ -29,9 +29,12 @@ def compile_next_token(kernel_compiles: bool):
     torch._dynamo.config.automatic_dynamic_shapes = True
     compiled = torch.compile(gen.next_token, mode=COMPILE_MODE)
 
-    def step(*args, **kwargs):
-        # each decode step is a new CUDA-graph step (the KV cache is updated in place), and its output lives
-        # in memory the next replay overwrites: litgpt keeps every token, so copy each one out
+    def step(*args, input_pos_maxp1=None, **kwargs):
+        # litgpt passes input_pos_maxp1, the filled length of the KV cache, so that attention reads only that
+        # much: an int that grows every token, which under CUDA graphs records a new graph for every length.
+        # Without it attention reads the whole static cache under its mask (same tokens), one graph for all.
+        # Each decode step is a new CUDA-graph step (the KV cache is updated in place), and its output lives
+        # in memory the next replay overwrites: litgpt keeps every token, so copy each one out.
         torch.compiler.cudagraph_mark_step_begin()
         return compiled(*args, **kwargs).clone()
 

@@ -15,6 +15,7 @@ from litgpt.tokenizer import Tokenizer
 from litquant.checkpoint import (materialize_rope, check_materialized, load_litgpt_state, load_quantized_checkpoint,
                                  load_with_rtn)
 from litquant.config import QuantizeConfig, is_quantized_checkpoint
+from litquant.fuse import fuse_gate_up
 from litquant.precision import QuantizedPrecision, quantizable_linears
 
 BNB_MODES = ("bnb.nf4", "bnb.nf4-dq", "bnb.fp4", "bnb.fp4-dq")
@@ -54,7 +55,8 @@ def load_model(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: 
 
     A quantized checkpoint runs with `kernel` (default: the one recorded at quantize time, else auto).
     An ordinary checkpoint runs in `precision`, or quantized while loading with `quantize`
-    (bitsandbytes modes, or `rtn.int4-g128` style RTN with litquant's kernels).
+    (bitsandbytes modes, or `rtn.int4-g128` style RTN with litquant's kernels). With litquant's kernels, the
+    gate and up projections of LLaMA-style MLPs run as one matmul (`litquant.fuse`).
     """
     checkpoint_dir = Path(checkpoint_dir)
     if not (checkpoint_dir / "model_config.yaml").is_file():
@@ -88,6 +90,7 @@ def load_model(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: 
             load_quantized_checkpoint(model, checkpoint_dir, qconfig, device, dtype)
         else:
             load_with_rtn(model, load_litgpt_state(checkpoint_dir).items(), qconfig, device, dtype)
+        fuse_gate_up(model)
         label, kernel = qconfig.describe(), plugin.kernel_cls.name
     elif quantize:
         if quantize not in BNB_MODES:

@@ -378,3 +378,19 @@ def test_gpu_layers_in_a_chain_read_each_others_outputs(rows, graph):
         assert not out.isnan().any(), f"layer {i}: NaN in the output (read its input too early?)"
         err = relative_error(out, torch_reference(qw, dtype)(inp))
         assert err < TOLERANCE[dtype], f"layer {i}: relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act_order", [False, True])
+def test_gpu_concat_is_both_layers_side_by_side(act_order):
+    """fc_1 and fc_2 of a Llama-2-7B MLP as one layer (litquant.fuse), on every path (decode, mma/wgmma, dense)."""
+    first = random_quantized_weight(4096, 11008, 128, sym=False, act_order=act_order, device="cuda")
+    second = random_quantized_weight(4096, 11008, 128, sym=False, act_order=False, device="cuda")
+    second.g_idx = first.g_idx.clone()
+    a, b = marlin_module(first, torch.bfloat16), marlin_module(second, torch.bfloat16)
+    fused = a.concat(b)
+    assert fused is not None and fused.out_features == 22016
+    for m in (1, 7, 16, 300, 2048):
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        err = relative_error(fused(x), torch.cat([a(x), b(x)], -1))
+        assert err < TOLERANCE[torch.bfloat16], f"relative error {err:.2e} at M={m}"

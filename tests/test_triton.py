@@ -188,6 +188,21 @@ def test_unsupported_layers_are_refused_with_reasons():
         select_kernel("triton", [("h.0.attn.qkv", LayerSpec(256, 48, 4, 48, True, False))], DEVICE, torch.float16)
 
 
+def test_concat_is_both_layers_side_by_side():
+    """Two layers on the same input as one (litquant.fuse): act_order with the same permutation, zero points."""
+    first = random_quantized(256, 48, 4, 64, act_order=True, zero_point=True, seed=1)
+    second = random_quantized(256, 32, 4, 64, act_order=True, zero_point=True, seed=2)
+    second.g_idx = first.g_idx.clone()
+    a, b = (tk.TritonQuantLinear(256, qw.out_features, False, LayerSpec(256, qw.out_features, 4, 64, False, True),
+                                 torch.float16) for qw in (first, second))
+    a.load_quantized(first)
+    b.load_quantized(second)
+    fused = a.concat(b)
+    assert fused is not None and fused.out_features == 80
+    x = torch.randn(3, 256, device=DEVICE, dtype=torch.float16)
+    assert relative_error(fused(x), torch.cat([a(x), b(x)], -1)) < TOLERANCE[torch.float16]
+
+
 def test_bad_weights_raise_clear_errors():
     qw = random_quantized(256, 48, 4, 64, act_order=False, zero_point=True)
     qw.g_idx = torch.arange(256, device=DEVICE, dtype=torch.int32) % 3  # 3 interleaved groups of 85-86 rows

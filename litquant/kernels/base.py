@@ -4,8 +4,9 @@ A kernel is one subclass of `QuantLinear` in its own module, plus one line in th
 (`litquant/kernels/__init__.py`). The class attributes are its contract: the registry checks them
 against each layer before any weight is loaded, so an unsupported choice fails early, with a reason.
 """
-from dataclasses import dataclass
-from typing import ClassVar, Optional, Tuple
+import copy
+from dataclasses import dataclass, replace
+from typing import ClassVar, Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -42,6 +43,10 @@ class QuantLinear(nn.Module):
     n_multiple: ClassVar[int] = 1
     compiles: ClassVar[bool] = True  # runs inside torch.compile / CUDA graphs
     description: ClassVar[str] = ""
+    # How two layers of this kernel on the same input become one (`concat`): for each buffer, the dim along
+    # which it is cut by output column, or None for a buffer both must hold equal (an act_order permutation).
+    # Empty: the kernel's layout does not concatenate.
+    concat_dims: ClassVar[Dict[str, Optional[int]]] = {}
 
     @classmethod
     def unavailable(cls) -> Optional[str]:
@@ -98,6 +103,38 @@ class QuantLinear(nn.Module):
         """Take the bias (no-op without one: a bias left on meta is reported by the loader)."""
         if self.bias is not None and bias is not None:
             self.bias = nn.Parameter(bias.to(self.dtype), requires_grad=False)
+
+    def concat(self, other: "QuantLinear") -> Optional["QuantLinear"]:
+        """One layer whose output is `torch.cat([self(x), other(x)], -1)`, in new memory (the two can be
+        dropped), or None when they do not concatenate: another kernel or quantization, other act_order
+        permutations, buffers that differ across the output-column cut, or no `concat_dims`."""
+        if (not self.concat_dims or type(other) is not type(self) or self.in_features != other.in_features
+                or replace(self.spec, out_features=0) != replace(other.spec, out_features=0)
+                or (self.bias is None) != (other.bias is None) or self._buffers.keys() != other._buffers.keys()
+                or not self._buffers.keys() <= self.concat_dims.keys()):
+            return None
+        buffers = {}
+        for name, mine in self._buffers.items():
+            theirs, dim = other._buffers[name], self.concat_dims[name]
+            if mine is None or theirs is None or dim is None:
+                if not (mine is theirs is None or (mine is not None and theirs is not None and torch.equal(mine, theirs))):
+                    return None
+                buffers[name] = None if mine is None else mine.clone()
+            elif mine.shape[:dim] + mine.shape[dim + 1:] != theirs.shape[:dim] + theirs.shape[dim + 1:]:
+                return None
+            else:
+                buffers[name] = torch.cat([mine, theirs], dim)
+        # A shallow copy keeps what load_quantized set besides buffers (group size, padding, thresholds);
+        # nn.Module.__init__ then gives it its own parameter, buffer and hook tables.
+        fused = copy.copy(self)
+        nn.Module.__init__(fused)
+        fused.train(self.training)
+        fused.out_features = self.out_features + other.out_features
+        fused.spec = replace(self.spec, out_features=fused.out_features)
+        for name, tensor in buffers.items():
+            fused.register_buffer(name, tensor, persistent=name not in self._non_persistent_buffers_set)
+        fused.bias = None if self.bias is None else nn.Parameter(torch.cat([self.bias, other.bias]), requires_grad=False)
+        return fused
 
     def extra_repr(self) -> str:
         s = self.spec

@@ -136,6 +136,9 @@ class MarlinQuantLinear(QuantLinear):
     # fused 2-20% faster than dense at M=768, 2-5% at 1024 except 70B-down (dense 7% faster); at 2048
     # dense is 3-20% faster.
     wgmma_dense_from_m: ClassVar[int] = 1024
+    # Every buffer is laid out by 64-column tile along its last dim (the locks are zeroed counters, enough
+    # for the sum of the columns).
+    concat_dims = {"qweight": 1, "scales": 1, "zeros": 1, "perm": None, "locks": 0}
 
     @classmethod
     def unavailable(cls):

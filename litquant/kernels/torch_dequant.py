@@ -4,6 +4,8 @@ Runs anywhere (CPU and CUDA, every bit width, group size, act_order and zero poi
 reference every other kernel is tested against. It keeps the weight packed as GPTQ v2 tensors (true
 zero points), the smallest exact layout, and unpacks it on each call with a few vectorized shifts.
 """
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -38,6 +40,11 @@ def dequantize_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.T
 class TorchQuantLinear(QuantLinear):
     name = "torch"
     description = "dequantize + F.linear; any device, every format (the reference)"
+    concat_dims = {"qweight": 1, "qzeros": 1, "scales": 1, "g_idx": None}
+
+    def concat(self, other: QuantLinear) -> Optional[QuantLinear]:
+        # qzeros packs the zero points along N: the cut must fall on a word boundary
+        return None if self.out_features * self.spec.bits % 32 else super().concat(other)
 
     def load_quantized(self, qw: QuantizedWeight) -> None:
         for key, t in gptq.pack(qw, "gptq_v2").items():

@@ -639,6 +639,8 @@ class TritonQuantLinear(QuantLinear):
     auto_devices = ("cuda",)  # the interpreter is for tests, never a choice for `auto`
     min_capability = (8, 0)
     description = "fused dequant-matmul in Triton: gemv / split-K / tensor cores / dequant+cuBLAS, autotuned per M"
+    # qweight [C, N, 16], scales and zeros [G, N]; the locks are zeroed counters, enough for the sum of the columns
+    concat_dims = {"qweight": 1, "scales": 1, "zeros": 1, "perm": None, "locks": 0}
 
     @classmethod
     def unavailable(cls) -> Optional[str]:
