@@ -116,10 +116,11 @@ class QuantLinear(nn.Module):
         buffers = {}
         for name, mine in self._buffers.items():
             theirs, dim = other._buffers[name], self.concat_dims[name]
-            if mine is None or theirs is None or dim is None:
-                if not (mine is theirs is None or (mine is not None and theirs is not None and torch.equal(mine, theirs))):
+            if mine is None or theirs is None or dim is None:  # must be the same in both (absent in both)
+                both_absent = mine is None and theirs is None
+                if not both_absent and (mine is None or theirs is None or not torch.equal(mine, theirs)):
                     return None
-                buffers[name] = None if mine is None else mine.clone()
+                buffers[name] = None if both_absent else mine.clone()
             elif mine.shape[:dim] + mine.shape[dim + 1:] != theirs.shape[:dim] + theirs.shape[dim + 1:]:
                 return None
             else:

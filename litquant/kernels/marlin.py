@@ -14,7 +14,7 @@ layers with many columns), wgmma (csrc/marlin/wgmma.cu); the op picks one per ca
 (M >= `dense_from_m`, by GPU) the weight is dequantized once per call and multiplied by cuBLAS, when
 that is the faster way.
 """
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
@@ -196,6 +196,12 @@ class MarlinQuantLinear(QuantLinear):
             # On Hopper the kernels start streaming the weight words before the kernel ahead of them in the
             # stream has ended (programmatic dependent launch, csrc/marlin/common.cuh): the repack must be done.
             torch.cuda.synchronize(codes.device)
+
+    def concat(self, other: QuantLinear) -> Optional[QuantLinear]:
+        fused = super().concat(other)
+        if fused is not None and fused.qweight.is_cuda:
+            torch.cuda.synchronize(fused.qweight.device)  # as after a repack: dependent launches read weights early
+        return fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out_shape = (*x.shape[:-1], self.out_features)
