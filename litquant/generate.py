@@ -3,7 +3,7 @@
 import sys
 import time
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Iterator, List, Optional
 
 import lightning as L
 import torch
@@ -12,6 +12,16 @@ from litgpt.prompts import PromptStyle, has_prompt_style, load_prompt_style
 from litquant.load import load_model
 
 COMPILE_MODE = "reduce-overhead"
+# `decode` reads the new tokens back to the host this many at a time, so the host queues that many decode steps
+# ahead of the GPU. litgpt's loop reads every token back (`.item()`), and the GPU idles while Python prepares the
+# next step: on an H200, a Llama-2-7B-shaped marlin model decoded 280 tokens/s that way against 458 when the host
+# does not wait (benchmarks/results/2026-12-01-generate-compile.log, -e2e-decode-v8.log).
+READBACK_EVERY = 16
+# Under CUDA graphs, attention reads the KV cache up to its filled length rounded up to a multiple of this many
+# positions. litgpt passes the exact length (`input_pos_maxp1`), an int that grows every token: a new CUDA graph
+# for every length. Without it attention reads the whole cache (chat's is 4096 long). Buckets cost one more
+# compilation, when the length first passes a bucket (the int then becomes symbolic), and a graph per bucket.
+CACHE_BUCKET = 256
 
 
 def _prompt_style(checkpoint_dir: Path, config) -> PromptStyle:
@@ -29,14 +39,13 @@ def compile_next_token(kernel_compiles: bool):
     torch._dynamo.config.automatic_dynamic_shapes = True
     compiled = torch.compile(gen.next_token, mode=COMPILE_MODE)
 
-    def step(*args, input_pos_maxp1=None, **kwargs):
-        # litgpt passes input_pos_maxp1, the filled length of the KV cache, so that attention reads only that
-        # much: an int that grows every token, which under CUDA graphs records a new graph for every length.
-        # Without it attention reads the whole static cache under its mask (same tokens), one graph for all.
+    def step(model, input_pos, x, input_pos_maxp1=None, **kwargs):
+        if input_pos_maxp1 is not None:
+            input_pos_maxp1 = min(model.max_seq_length, -(-input_pos_maxp1 // CACHE_BUCKET) * CACHE_BUCKET)
         # Each decode step is a new CUDA-graph step (the KV cache is updated in place), and its output lives
-        # in memory the next replay overwrites: litgpt keeps every token, so copy each one out.
+        # in memory the next replay overwrites: the caller keeps every token, so copy each one out.
         torch.compiler.cudagraph_mark_step_begin()
-        return compiled(*args, **kwargs).clone()
+        return compiled(model, input_pos, x, input_pos_maxp1=input_pos_maxp1, **kwargs).clone()
 
     gen.next_token = step
 
@@ -46,6 +55,36 @@ def set_kv_cache(model, device: torch.device) -> None:
     dtype on the first step by re-assigning the buffer, which under CUDA graphs leaves the module holding graph
     memory that the next replay overwrites."""
     model.set_kv_cache(batch_size=1, device=device, dtype=model.transformer.wte.weight.dtype)
+
+
+@torch.inference_mode()
+def decode(model, prompt: torch.Tensor, max_new_tokens: int, *, eos_id: Optional[int] = None,
+           readback_every: int = READBACK_EVERY, **sample_kwargs) -> Iterator[List[int]]:
+    """Continue `prompt` (1-D token ids) by up to `max_new_tokens` tokens: litgpt's decoding (its `next_token`,
+    compiled if `compile_next_token` swapped it in, with the same positions and KV cache), the same tokens as
+    litgpt's `generate`, but read back to the host in runs: the first token alone (the time to the first
+    token), then `readback_every` at a time. The host meanwhile queues the next steps, and those queued past an
+    EOS are computed and dropped. Yields each run's tokens, up to and including the EOS."""
+    import litgpt.generate.base as gen
+
+    prompt_size = prompt.size(0)
+    if model.max_seq_length < prompt_size + max_new_tokens - 1:
+        raise ValueError(f"the KV cache holds {model.max_seq_length} positions, fewer than the {prompt_size} of the "
+                         f"prompt and the {max_new_tokens - 1} fed back")
+    input_pos = torch.arange(prompt_size, device=prompt.device)
+    token, queued = prompt, []
+    for i in range(max_new_tokens):
+        # step i feeds position prompt_size + i - 1 (the whole prompt at i = 0) and attends to the cache before it
+        token = gen.next_token(model, input_pos, token.view(1, -1), input_pos_maxp1=prompt_size + i, **sample_kwargs)
+        queued.append(token)
+        input_pos = input_pos[-1:] + 1  # on the GPU: no copy from the host that would wait for the queue
+        if i == 0 or len(queued) == readback_every or i == max_new_tokens - 1:
+            tokens = torch.cat(queued).tolist()
+            queued = []
+            if eos_id in tokens:
+                yield tokens[:tokens.index(eos_id) + 1]
+                return
+            yield tokens
 
 
 @torch.inference_mode()
@@ -82,8 +121,6 @@ def generate(
         compile: compile the decode step with torch.compile (CUDA graphs).
         apply_prompt_style: wrap the prompt in the model's chat template.
     """
-    from litgpt.generate.base import generate as litgpt_generate
-
     loaded = load_model(checkpoint_dir, kernel=kernel, quantize=quantize, precision=precision, device=device)
     fabric, model, tokenizer = loaded.fabric, loaded.model, loaded.tokenizer
     print(f"loaded {checkpoint_dir} ({loaded.quantization}, kernel {loaded.kernel or '-'}) in {loaded.load_seconds:.2f} s",
@@ -91,8 +128,7 @@ def generate(
     if apply_prompt_style:
         prompt = _prompt_style(Path(checkpoint_dir), loaded.config).apply(prompt)
     encoded = tokenizer.encode(prompt, device=fabric.device)
-    max_returned = encoded.size(0) + max_new_tokens
-    model.max_seq_length = max_returned
+    model.max_seq_length = encoded.size(0) + max_new_tokens
     set_kv_cache(model, fabric.device)
     if compile:
         compile_next_token(_kernel_compiles(model))
@@ -100,14 +136,20 @@ def generate(
     text = ""
     for i in range(num_samples):
         t0 = time.perf_counter()
-        y = litgpt_generate(model, encoded, max_returned, temperature=temperature, top_k=top_k, top_p=top_p,
-                            eos_id=tokenizer.eos_id, include_prompt=False)
+        runs = decode(model, encoded, max_new_tokens, eos_id=tokenizer.eos_id, temperature=temperature, top_k=top_k,
+                      top_p=top_p)
+        y = next(runs)  # the first token alone
+        first_token_seconds = time.perf_counter() - t0
+        for run in runs:
+            y += run
         seconds = time.perf_counter() - t0
         for block in model.transformer.h:
             block.attn.kv_cache.reset_parameters()
-        text = tokenizer.decode(y)
+        text = tokenizer.decode(torch.tensor(y))
         fabric.print(text)
-        print(f"sample {i + 1}: {y.size(0)} tokens in {seconds:.2f} s, {y.size(0) / seconds:.2f} tokens/s", file=sys.stderr)
+        rest = f"; the other {len(y) - 1} at {(len(y) - 1) / (seconds - first_token_seconds):.2f} tokens/s" if len(y) > 1 else ""
+        print(f"sample {i + 1}: {len(y)} tokens in {seconds:.2f} s, {len(y) / seconds:.2f} tokens/s (first token after "
+              f"{first_token_seconds:.3f} s{rest})", file=sys.stderr)
     if fabric.device.type == "cuda":
         print(f"memory used: {torch.cuda.max_memory_allocated() / 1e9:.02f} GB", file=sys.stderr)
     return text

@@ -1,0 +1,53 @@
+"""litquant's decode loop (`litquant.generate.decode`) against litgpt's `generate` on a tiny random LitGPT model."""
+import pytest
+import torch
+from litgpt.generate.base import generate as litgpt_generate
+from litgpt.model import GPT
+
+from conftest import tiny_config
+from litquant.generate import decode
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    model = GPT(tiny_config("llama")).eval()
+    model.max_seq_length = 64
+    model.set_kv_cache(batch_size=1)
+    return model
+
+
+def reference(model, prompt, new_tokens, eos_id=None, **sample_kwargs):
+    torch.manual_seed(7)
+    out = litgpt_generate(model, prompt, prompt.size(0) + new_tokens, eos_id=eos_id, include_prompt=False,
+                          **sample_kwargs)
+    return out.tolist()
+
+
+def ours(model, prompt, new_tokens, **kwargs):
+    torch.manual_seed(7)
+    return list(decode(model, prompt, new_tokens, **kwargs))
+
+
+@pytest.mark.parametrize("sample_kwargs", [dict(temperature=0.0), dict(temperature=0.9, top_k=20, top_p=0.9)])
+def test_decode_gives_litgpts_tokens_in_runs(model, sample_kwargs):
+    prompt = torch.randint(0, 96, (5,))
+    expected = reference(model, prompt, 40, **sample_kwargs)
+    runs = ours(model, prompt, 40, readback_every=16, **sample_kwargs)
+    assert [len(run) for run in runs] == [1, 16, 16, 7]  # the first token alone, then 16 at a time
+    assert [t for run in runs for t in run] == expected
+
+
+def test_decode_stops_at_eos_inside_a_run(model):
+    prompt = torch.randint(0, 96, (5,))
+    free = reference(model, prompt, 40, temperature=0.0)
+    eos = free[20]  # a token that first appears at position >= 1 of a run
+    cut = free.index(eos)
+    assert reference(model, prompt, 40, eos_id=eos, temperature=0.0) == free[:cut + 1]
+    tokens = [t for run in ours(model, prompt, 40, eos_id=eos, readback_every=8, temperature=0.0) for t in run]
+    assert tokens == free[:cut + 1]
+
+
+def test_decode_refuses_a_short_cache(model):
+    with pytest.raises(ValueError, match="KV cache holds 64 positions"):
+        next(decode(model, torch.zeros(30, dtype=torch.long), 40))
