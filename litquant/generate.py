@@ -14,14 +14,9 @@ from litquant.load import load_model
 COMPILE_MODE = "reduce-overhead"
 # `decode` reads the new tokens back to the host this many at a time, so the host queues that many decode steps
 # ahead of the GPU. litgpt's loop reads every token back (`.item()`), and the GPU idles while Python prepares the
-# next step: on an H200, a Llama-2-7B-shaped marlin model decoded 280 tokens/s that way against 458 when the host
-# does not wait (benchmarks/results/2026-12-01-generate-compile.log, -e2e-decode-v8.log).
+# next step: on an H200, compiled, a Llama-2-7B-shaped marlin model decoded 348-390 tokens/s that way against
+# 438-446 with this loop, the same greedy tokens (benchmarks/results/2026-12-01-generate-loop.md).
 READBACK_EVERY = 16
-# Under CUDA graphs, attention reads the KV cache up to its filled length rounded up to a multiple of this many
-# positions. litgpt passes the exact length (`input_pos_maxp1`), an int that grows every token: a new CUDA graph
-# for every length. Without it attention reads the whole cache (chat's is 4096 long). Buckets cost one more
-# compilation, when the length first passes a bucket (the int then becomes symbolic), and a graph per bucket.
-CACHE_BUCKET = 256
 
 
 def _prompt_style(checkpoint_dir: Path, config) -> PromptStyle:
@@ -39,13 +34,16 @@ def compile_next_token(kernel_compiles: bool):
     torch._dynamo.config.automatic_dynamic_shapes = True
     compiled = torch.compile(gen.next_token, mode=COMPILE_MODE)
 
-    def step(model, input_pos, x, input_pos_maxp1=None, **kwargs):
-        if input_pos_maxp1 is not None:
-            input_pos_maxp1 = min(model.max_seq_length, -(-input_pos_maxp1 // CACHE_BUCKET) * CACHE_BUCKET)
+    def step(*args, input_pos_maxp1=None, **kwargs):
+        # litgpt passes input_pos_maxp1, the filled length of the KV cache, so that attention reads only that
+        # much: an int that grows every token, which under CUDA graphs records a new graph for every length.
+        # Without it attention reads the whole static cache under its mask (same tokens), one graph for all.
+        # (Lengths rounded up to 256 positions, one graph per bucket, were tried: on a 7B-shaped model, runs
+        # past the first bucket stopped giving the same tokens; benchmarks/results/2026-12-01-generate-loop.md.)
         # Each decode step is a new CUDA-graph step (the KV cache is updated in place), and its output lives
         # in memory the next replay overwrites: the caller keeps every token, so copy each one out.
         torch.compiler.cudagraph_mark_step_begin()
-        return compiled(model, input_pos, x, input_pos_maxp1=input_pos_maxp1, **kwargs).clone()
+        return compiled(*args, **kwargs).clone()
 
     gen.next_token = step
 
@@ -68,6 +66,8 @@ def decode(model, prompt: torch.Tensor, max_new_tokens: int, *, eos_id: Optional
     import litgpt.generate.base as gen
 
     prompt_size = prompt.size(0)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if model.max_seq_length < prompt_size + max_new_tokens - 1:
         raise ValueError(f"the KV cache holds {model.max_seq_length} positions, fewer than the {prompt_size} of the "
                          f"prompt and the {max_new_tokens - 1} fed back")

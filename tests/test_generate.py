@@ -48,6 +48,8 @@ def test_decode_stops_at_eos_inside_a_run(model):
     assert tokens == free[:cut + 1]
 
 
-def test_decode_refuses_a_short_cache(model):
+def test_decode_refuses_a_short_cache_and_no_tokens(model):
     with pytest.raises(ValueError, match="KV cache holds 64 positions"):
         next(decode(model, torch.zeros(30, dtype=torch.long), 40))
+    with pytest.raises(ValueError, match="at least 1"):
+        next(decode(model, torch.zeros(3, dtype=torch.long), 0))
