@@ -41,8 +41,9 @@ def test_decode_gives_litgpts_tokens_in_runs(model, sample_kwargs):
 def test_decode_stops_at_eos_inside_a_run(model):
     prompt = torch.randint(0, 96, (5,))
     free = reference(model, prompt, 40, temperature=0.0)
-    eos = free[20]  # a token that first appears at position >= 1 of a run
-    cut = free.index(eos)
+    # with 8 a run, runs hold tokens [0], [1, 8], [9, 16], ...: the EOS is one that first appears inside a run
+    cut = next(i for i, t in enumerate(free) if i > 1 and i % 8 != 0 and free.index(t) == i)
+    eos = free[cut]
     assert reference(model, prompt, 40, eos_id=eos, temperature=0.0) == free[:cut + 1]
     tokens = [t for run in ours(model, prompt, 40, eos_id=eos, readback_every=8, temperature=0.0) for t in run]
     assert tokens == free[:cut + 1]
