@@ -15,9 +15,11 @@ them in split order: the same shapes every step (one CUDA graph), deterministic,
 keys and values are read.
 
     python benchmarks/decode_attention.py                      # GPU: check, then time against torch's SDPA
-    python benchmarks/decode_attention.py --self-test           # CPU: the Triton interpreter, small shapes
+    python benchmarks/decode_attention.py --e2e                # GPU: and in a compiled Llama-2-7B-shaped model
+    python benchmarks/decode_attention.py --self-test          # CPU: the Triton interpreter, small shapes
 """
 import argparse
+import math
 import os
 import sys
 
@@ -134,11 +136,31 @@ def check(device: str, dtype: torch.dtype, H: int, Hkv: int, D: int, cache: int,
 
 
 def self_test() -> None:
-    """Under the Triton interpreter, on the CPU, at small shapes: odd fills, a fill inside the first tile, GQA."""
+    """Under the Triton interpreter, on the CPU, at small shapes: odd fills, a fill inside the first tile, GQA;
+    then a tiny litgpt model's greedy tokens with `use_decode_attention` against litgpt's own attention."""
+    from litgpt.config import Config
+    from litgpt.model import GPT
+
+    from litquant.generate import decode
+
     torch.manual_seed(0)
     for H, Hkv, D, cache, filled in [(4, 4, 32, 200, 1), (4, 2, 32, 200, 77), (6, 2, 16, 130, 130), (2, 1, 64, 64, 64)]:
         err = check("cpu", torch.float32, H, Hkv, D, cache, filled, 1e-5)
         print(f"H={H} Hkv={Hkv} D={D} cache={cache} filled={filled}: relative error {err:.1e}")
+    config = Config(block_size=96, vocab_size=96, padded_vocab_size=96, n_layer=2, n_head=4, n_query_groups=2,
+                    n_embd=128, rotary_percentage=1.0, parallel_residual=False, bias=False, norm_class_name="RMSNorm",
+                    mlp_class_name="LLaMAMLP", intermediate_size=256)
+    model = GPT(config).eval()
+    model.max_seq_length = 80
+    prompt = torch.randint(0, 96, (7,))
+    runs = []
+    for patched in (False, True):
+        if patched:
+            use_decode_attention(model)
+        model.set_kv_cache(batch_size=1)
+        runs.append([t for part in decode(model, prompt, 60, temperature=0.0) for t in part])
+    assert runs[0] == runs[1], "a tiny model's greedy tokens with decode_attention differ from litgpt's"
+    print("tiny litgpt model: the same 60 greedy tokens with decode_attention")
 
 
 def time_graph(call, repeats: int = 20) -> float:
@@ -183,8 +205,74 @@ def benchmark(H: int = 32, Hkv: int = 32, D: int = 128) -> None:
               f"torch SDPA {sdpa:6.2f} us", flush=True)
 
 
+@torch.library.custom_op("litquant_prototype::decode_attention", mutates_args=())
+def decode_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                        scale: float) -> torch.Tensor:
+    return decode_attention(q, k, v, mask, scale)
+
+
+@decode_attention_op.register_fake
+def _(q, k, v, mask, scale):
+    return q.new_empty(q.shape)
+
+
+def use_decode_attention(model) -> None:
+    """Route each litgpt attention layer's one-token steps with a boolean mask (batch decode over the KV cache) to
+    `decode_attention`; everything else (prefill, softcapping, sliding-window biases) stays on litgpt's code."""
+    for block in model.transformer.h:
+        attn, original = block.attn, block.attn.scaled_dot_product_attention
+
+        def attend(q, k, v, mask=None, attn=attn, original=original):
+            if q.size(2) == 1 and mask is not None and mask.dtype == torch.bool \
+                    and attn.config.attention_logit_softcapping is None:
+                scale = attn.mscale ** 2 / math.sqrt(attn.config.attention_scores_scalar or attn.config.head_size)
+                return decode_attention_op(q, k, v, mask, scale).transpose(1, 2)
+            return original(q, k, v, mask)
+
+        attn.scaled_dot_product_attention = attend
+
+
+def end_to_end(variant: str = "marlin", tokens: int = 100) -> None:
+    """A Llama-2-7B-shaped model (benchmarks/e2e_decode.py), compiled decode, litgpt's attention against
+    `decode_attention`, with caches of 124 and 4096 positions; then greedy tokens of both, eager, compared."""
+    from litgpt.config import Config
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from e2e_decode import build, decoder
+    from litquant.generate import decode, set_kv_cache
+
+    model = build(Config.from_name("Llama-2-7b-hf"), variant)
+    speeds = {}
+    for patched in (False, True):
+        if patched:
+            use_decode_attention(model)
+        for cache in (16 + tokens + 8, 4096):
+            torch._dynamo.reset()
+            speeds[patched, cache] = tokens / decoder(model, True, cache - 16 - 8)(tokens)
+            print(f"{'decode_attention' if patched else 'litgpt SDPA':16} cache {cache:5d}: "
+                  f"{speeds[patched, cache]:6.1f} tok/s", flush=True)
+    # eager greedy tokens, patched against litgpt's attention (the same model, another attention kernel)
+    prompt = torch.randint(0, model.config.vocab_size, (16,), device="cuda")
+    model.max_seq_length = 16 + 32
+    runs = {}
+    for patched in (True, False):
+        if not patched:
+            for block in model.transformer.h:
+                del block.attn.scaled_dot_product_attention  # back to the class's method
+        set_kv_cache(model, torch.device("cuda"))
+        runs[patched] = [t for part in decode(model, prompt, 32, temperature=0.0) for t in part]
+    same = next((i for i, (a, b) in enumerate(zip(runs[True], runs[False])) if a != b), 32)
+    print(f"eager greedy tokens: the first {same} of 32 agree", flush=True)
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--self-test", action="store_true", help="run on the CPU under the Triton interpreter")
+    parser.add_argument("--e2e", action="store_true", help="also time a compiled 7B-shaped model with it")
     args = parser.parse_args()
-    self_test() if args.self_test else benchmark()
+    if args.self_test:
+        self_test()
+    else:
+        benchmark()
+        if args.e2e:
+            end_to_end()
