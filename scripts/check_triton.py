@@ -1,0 +1,126 @@
+"""Compile-check litquant's Triton kernels for sm_80 and sm_90 on a machine without a GPU.
+
+CI runs the kernels under Triton's interpreter, which does not compile them: a kernel that the interpreter runs may
+still fail to compile for a GPU (a type the compiler rejects, a layout it cannot lower). This script records the
+kernel launches that `litquant.kernels.triton_kernel.launch` makes for every path (gemv, mma, dequant), bit width,
+activation dtype, zero points or not, act_order or not and every candidate config of a few M, without running them,
+and compiles a covering subset of them (`covering`) for both GPUs with Triton's own compiler.
+
+    python scripts/check_triton.py
+"""
+import os
+import sys
+import time
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    sys.exit("check_triton.py compiles the kernels: run it without TRITON_INTERPRET=1")
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+import litquant.kernels.triton_kernel as tk
+from litquant.formats.common import default_g_idx
+from litquant.quantize.quantizer import rtn_quantize
+
+TARGETS = (GPUTarget("cuda", 80, 32), GPUTarget("cuda", 90, 32))
+POINTER_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32",
+                 torch.int64: "*i64", torch.uint8: "*u8"}
+KERNELS = ("_gemv_kernel", "_mma_kernel", "_dequant_kernel")
+
+
+def record_launches():
+    """Every distinct (kernel, signature, constexprs, options) that `launch` asks for, without running one."""
+    launches = {}
+
+    class Recorder:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def record(*args, num_warps=4, num_stages=3, **kwargs):
+                params = self.kernel.params
+                values = dict(zip((p.name for p in params), args), **kwargs)
+                signature, constexprs = {}, {}
+                for p in params:
+                    value = values[p.name]
+                    if p.is_constexpr or value is None:
+                        signature[p.name], constexprs[p.name] = "constexpr", value
+                    elif isinstance(value, torch.Tensor):
+                        signature[p.name] = POINTER_TYPES[value.dtype]
+                    else:
+                        signature[p.name] = "i32" if isinstance(value, int) and abs(value) < 2**31 else "fp32"
+                key = (self.kernel.fn.__name__, tuple(signature.items()), tuple(map(str, constexprs.items())),
+                       num_warps, num_stages)
+                launches[key] = (self.kernel, signature, constexprs, num_warps, num_stages)
+            return record
+
+    originals = {name: getattr(tk, name) for name in KERNELS}
+    for name, kernel in originals.items():
+        setattr(tk, name, Recorder(kernel))
+    try:
+        torch.manual_seed(0)
+        k, n = 512, 256
+        for bits in tk.SUPPORTED_BITS:
+            for dtype in (torch.float16, torch.bfloat16):
+                for sym, act_order, group_size in ((True, False, 128), (False, True, 64), (False, False, -1)):
+                    qw = rtn_quantize(torch.randn(n, k), bits, group_size, sym)
+                    if act_order:
+                        qw.g_idx = default_g_idx(k, group_size)[torch.randperm(k)]
+                    packed = tk.repack(qw)
+                    bias = torch.randn(n, dtype=dtype) if act_order else None
+                    for m in (1, 3, 32, 256):
+                        x, out = torch.randn(m, k, dtype=dtype), torch.empty(m, n, dtype=dtype)
+                        for config in tk.candidate_configs(m, n, k, bits, torch.device("cpu")):
+                            if config.path != "dequant":  # the dequant path multiplies by cuBLAS: not recorded
+                                tk.launch(config, x, packed.qweight, packed.scales, packed.zeros, packed.perm, bias,
+                                          packed.locks, bits, group_size, out)
+                        tk.launch(tk.KernelConfig("dequant"), x, packed.qweight, packed.scales, packed.zeros,
+                                  packed.perm, bias, packed.locks, bits, group_size, out)
+    finally:
+        for name, kernel in originals.items():
+            setattr(tk, name, kernel)
+    return list(launches.values())
+
+
+def covering(launches):
+    """A few of `launches` that still show every kernel at every bit width and activation dtype, and each
+    constexpr of a kernel at every value it took (tile sizes, warps and stages included): some 60 compilations
+    in place of 700 (the full product took over 20 minutes on two cores)."""
+    chosen, seen = [], set()
+    for launch in launches:
+        kernel, signature, constexprs, num_warps, num_stages = launch
+        name = kernel.fn.__name__
+        dtype = signature.get("x_ptr", signature.get("w_ptr"))
+        features = {(name, "BITS+dtype", constexprs["BITS"], dtype), (name, "warps", num_warps),
+                    (name, "stages", num_stages)}
+        features |= {(name, key, str(value)) for key, value in constexprs.items()}
+        if not features <= seen:
+            chosen.append(launch)
+            seen |= features
+    return chosen
+
+
+def main() -> int:
+    start = time.time()
+    recorded = record_launches()
+    launches = covering(recorded)
+    failures = 0
+    for kernel, signature, constexprs, num_warps, num_stages in launches:
+        for target in TARGETS:
+            source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+            try:
+                triton.compile(source, target=target, options={"num_warps": num_warps, "num_stages": num_stages})
+            except Exception as e:  # report every failure, then fail
+                failures += 1
+                shown = {name: value for name, value in constexprs.items() if value is not None}
+                print(f"FAILED {kernel.fn.__name__} sm_{target.arch} warps={num_warps} stages={num_stages} "
+                      f"{shown}: {type(e).__name__}: {str(e)[:500]}", file=sys.stderr)
+    print(f"check_triton.py: {len(launches)} of {len(recorded)} kernel variants x {len(TARGETS)} GPUs compiled, "
+          f"{failures} failed ({time.time() - start:.0f} s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
