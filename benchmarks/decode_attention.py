@@ -89,9 +89,10 @@ def _combine_splits(part_ptr, out_ptr, H: tl.constexpr, D: tl.constexpr, SPLITS:
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                     scale: float = None, min_programs: int = 264) -> torch.Tensor:
+                     scale: float = None, min_programs: int = 264, out: torch.Tensor = None) -> torch.Tensor:
     """softmax(q k^T * scale, masked) v for one query token: q [B, H, 1, D]; k, v [B, Hkv, L, D] (H a multiple of
-    Hkv; the last dim contiguous); mask bool [B or 1, 1, 1, L], True where a position is visible."""
+    Hkv; the last dim contiguous); mask bool [B or 1, 1, 1, L], True where a position is visible. Written into
+    `out` (contiguous [B, H, 1, D]) if given."""
     B, H, T, D = q.shape
     Hkv, L = k.shape[1], k.shape[2]
     if T != 1 or H % Hkv or k.stride(-1) != 1 or v.stride(-1) != 1 or D & (D - 1):
@@ -101,7 +102,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     tiles = triton.cdiv(L, BLOCK_N)
     splits = max(1, min(tiles, triton.cdiv(min_programs, B * H)))  # enough programs to fill the GPU
     partial = torch.empty(B * H, splits, D + 2, dtype=torch.float32, device=q.device)
-    out = torch.empty(B, H, 1, D, dtype=q.dtype, device=q.device)
+    out = torch.empty(B, H, 1, D, dtype=q.dtype, device=q.device) if out is None else out
     mask = mask.reshape(mask.shape[0], L)
     stride_mb = mask.stride(0) if mask.shape[0] > 1 else 0
     _attend_split[(B * H, splits)](q, k, v, mask, partial, L, scale, q.stride(0), q.stride(1), k.stride(0),
@@ -130,7 +131,8 @@ def check(device: str, dtype: torch.dtype, H: int, Hkv: int, D: int, cache: int,
     mask[..., :filled] = True
     ref = reference(q, k, v, mask)
     k[:, :, filled:], v[:, :, filled:] = float("nan"), float("nan")
-    err = relative_error(decode_attention(q, k, v, mask), ref)
+    out = torch.full_like(q, float("nan"))
+    err = relative_error(decode_attention(q, k, v, mask, out=out), ref)
     assert err < bound, f"H={H} Hkv={Hkv} D={D} cache={cache} filled={filled}: relative error {err:.2e}"
     return err
 
