@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine (run through the `device` tool, carrying .whl):
-#   bash scripts/gpu.sh [stage ...]      stages: build test kernels e2e gptq awq   (default: build test kernels)
+#   bash scripts/gpu.sh [stage ...]      stages: build test kernels e2e gptq awq generate attention
+#                                        (default: build test kernels)
 # Installs the carried wheels, then runs each stage with its log (and JSON) under $OUT.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -28,6 +29,8 @@ for stage in $stages; do
     e2e)     run e2e python3 benchmarks/e2e_decode.py --out_dir "$OUT" ${E2E_ARGS:-} ;;
     gptq)    run gptq python3 benchmarks/quantize_speed.py --out_dir "$OUT" ${GPTQ_ARGS:-} ;;
     awq)     run awq python3 benchmarks/awq_speed.py --out "$OUT/awq_speed.json" ${AWQ_ARGS:-} ;;
+    generate) run generate python3 benchmarks/generate_speed.py --out "$OUT/generate_speed.json" ${GENERATE_ARGS:-} ;;
+    attention) run attention python3 benchmarks/decode_attention.py ${ATTENTION_ARGS:---e2e} ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
