@@ -31,6 +31,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the other benchmarks, for their helpers
 BLOCK_N = 64
 
 
@@ -165,32 +166,11 @@ def self_test() -> None:
     print("tiny litgpt model: the same 60 greedy tokens with decode_attention")
 
 
-def time_graph(call, repeats: int = 20) -> float:
-    """Microseconds per call, replayed from a CUDA graph of `repeats` calls (as in the compiled model)."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(repeats):
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3 / repeats)
-    return best
-
-
 def benchmark(H: int = 32, Hkv: int = 32, D: int = 128) -> None:
-    """Llama-2-7B's attention (32 heads of 128) in bf16: caches of 144 and 4096 positions, several fills."""
+    """Llama-2-7B's attention (32 heads of 128) in bf16: caches of 144 and 4096 positions, several fills; each call
+    replayed from a CUDA graph, as in the compiled model (benchmarks/kernels.py's timing)."""
+    from kernels import time_calls
+
     torch.manual_seed(0)
     for cache, filled in [(144, 144), (4096, 144), (4096, 1024), (4096, 4096)]:
         err = check("cuda", torch.bfloat16, H, Hkv, D, cache, filled, 1e-2)
@@ -199,10 +179,10 @@ def benchmark(H: int = 32, Hkv: int = 32, D: int = 128) -> None:
         v = torch.randn_like(k)
         mask = torch.zeros(1, 1, 1, cache, dtype=torch.bool, device="cuda")
         mask[..., :filled] = True
-        ours = time_graph(lambda: decode_attention(q, k, v, mask))
+        ours = time_calls([lambda q: decode_attention(q, k, v, mask)], q)[0] * 1e6
         group = H // Hkv
         kk, vv = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-        sdpa = time_graph(lambda: F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask))
+        sdpa = time_calls([lambda q: F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)], q)[0] * 1e6
         print(f"cache {cache:5d} filled {filled:5d}: decode_attention {ours:6.2f} us (error {err:.1e}), "
               f"torch SDPA {sdpa:6.2f} us", flush=True)
 
@@ -239,7 +219,6 @@ def end_to_end(variant: str = "marlin", tokens: int = 100) -> None:
     `decode_attention`, with caches of 124 and 4096 positions; then greedy tokens of both, eager, compared."""
     from litgpt.config import Config
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from e2e_decode import build, decoder
     from litquant.generate import decode, set_kv_cache
 
