@@ -12,13 +12,13 @@ from litquant.kernels.torch_dequant import TorchQuantLinear
 
 
 def random_quantized_weight(k: int, n: int, group_size: int, sym: bool, act_order: bool, device="cpu",
-                            bias: bool = False) -> QuantizedWeight:
-    """Random 4-bit codes, scales, zero points and (for act_order) a GPTQ-style shuffled g_idx."""
+                            bias: bool = False, bits: int = 4) -> QuantizedWeight:
+    """Random codes, scales, zero points and (for act_order) a GPTQ-style shuffled g_idx."""
     groups = num_groups(k, group_size)
-    codes = torch.randint(0, 16, (k, n), dtype=torch.uint8, device=device)
+    codes = torch.randint(0, 2**bits, (k, n), dtype=torch.uint8, device=device)
     scales = (torch.rand(groups, n, device=device) * 0.02 + 0.002).half()
-    zeros = (torch.full((groups, n), 8, dtype=torch.uint8, device=device) if sym
-             else torch.randint(0, 16, (groups, n), dtype=torch.uint8, device=device))
+    zeros = (torch.full((groups, n), 2 ** (bits - 1), dtype=torch.uint8, device=device) if sym
+             else torch.randint(0, 2**bits, (groups, n), dtype=torch.uint8, device=device))
     if act_order:  # rows quantized in a random order, group i = the i-th run of group_size rows of that order
         order = torch.randperm(k, device=device)
         g_idx = torch.empty(k, dtype=torch.int32, device=device)
@@ -26,11 +26,11 @@ def random_quantized_weight(k: int, n: int, group_size: int, sym: bool, act_orde
     else:
         g_idx = default_g_idx(k, group_size, device)
     b = torch.randn(n, device=device).half() if bias else None
-    return QuantizedWeight(codes, scales, zeros, g_idx, 4, group_size, b)
+    return QuantizedWeight(codes, scales, zeros, g_idx, bits, group_size, b)
 
 
 def marlin_module(qw: QuantizedWeight, dtype: torch.dtype) -> MarlinQuantLinear:
-    spec = LayerSpec(qw.in_features, qw.out_features, 4, qw.group_size, qw.sym, qw.act_order)
+    spec = LayerSpec(qw.in_features, qw.out_features, qw.bits, qw.group_size, qw.sym, qw.act_order)
     module = MarlinQuantLinear(qw.in_features, qw.out_features, qw.bias is not None, spec, dtype)
     module.load_quantized(qw)
     return module
@@ -65,10 +65,11 @@ def emulate_lane_pairs(word: torch.Tensor, dtype: torch.dtype):
 
 
 def emulate_dequant(module: MarlinQuantLinear, dtype: torch.dtype) -> torch.Tensor:
-    """The dequantized weight [K, N] (rows in the kernel's order) as the GPU lanes compute it. Loops
-    over (lane, word) only; each step is vectorized over all 16 x 64 tiles. Every product of two
-    fp16/bf16 numbers is exact in fp32, so `(a.float() * b.float()).to(dtype)` is the device's hmul2."""
-    k, n = module.padded_in_features, module.out_features
+    """The dequantized weight [K, N] (rows in the kernel's order; both planes of an 8-bit weight) as the GPU
+    lanes compute it. Loops over (lane, word) only; each step is vectorized over all 16 x 64 tiles. Every
+    product of two fp16/bf16 numbers is exact in fp32, so `(a.float() * b.float()).to(dtype)` is the device's
+    hmul2."""
+    k, n = module.planes * module.padded_in_features, module.out_features
     words = module.qweight.view(k // 16, n // 64, 32, 4).to(torch.int64) & 0xFFFFFFFF
     scales = module.scales.view(-1, n // 64, 64)
     zeros = (module.zeros.view(-1, n // 64, 8, 2).to(torch.int64) & 0xFFFFFFFF if module.zeros is not None
@@ -187,8 +188,38 @@ def test_bad_weights_are_refused_with_a_reason():
         marlin_module(qw3, torch.float16)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("group_size, sym, act_order", [(-1, True, False), (64, False, True), (128, False, False),
+                                                        (32, True, True)])
+def test_8bit_weights_are_two_nibble_planes(dtype, group_size, sym, act_order):
+    """An 8-bit weight runs as 4-bit high nibbles (scale 16 s) over 4-bit low nibbles (scale s), each plane padded
+    to 128 rows; their sum is the weight, within one rounding of each plane's values in `dtype`."""
+    qw = random_quantized_weight(192, 128, group_size, sym, act_order, bits=8)
+    module = marlin_module(qw, dtype)
+    rows = module.padded_in_features
+    assert (module.planes, rows, module.qweight.shape) == (2, 256, (2 * 256 // 16, 2 * 128))
+    w = emulate_dequant(module, dtype).float()
+    weight = (w[:rows] + w[rows:])[:192]
+    perm = None if module.perm is None else module.perm.long()
+    exact = expected_weight(qw, torch.float32, perm)
+    g = qw.g_idx.long()
+    codes, zeros, scales = qw.codes.long(), qw.zeros[g].long(), qw.scales[g].float()
+    parts = (16 * ((codes >> 4) - (zeros >> 4)).abs() + ((codes & 15) - (zeros & 15)).abs()) * scales
+    parts = parts if perm is None else parts[perm]
+    eps = torch.finfo(dtype).eps
+    assert ((weight - exact).abs() <= eps * parts).all()
+
+
+def test_8bit_scales_that_overflow_fp16_are_refused():
+    qw = random_quantized_weight(128, 64, 128, True, False, bits=8)
+    qw.scales.fill_(5000.0)  # 16 x 5000 is past fp16's 65504
+    with pytest.raises(ValueError, match="overflows float16.*16 x scale"):
+        marlin_module(qw, torch.float16)
+    assert marlin_module(qw, torch.bfloat16).scales.isfinite().all()
+
+
 def test_contract():
-    assert MarlinQuantLinear.bits == (4,)
+    assert MarlinQuantLinear.bits == (4, 8)
     assert MarlinQuantLinear.dtypes == (torch.float16, torch.bfloat16)
     assert MarlinQuantLinear.devices == ("cuda",)
     assert MarlinQuantLinear.min_capability == (8, 0)
@@ -205,7 +236,7 @@ SMALL_SHAPES = [(64, 64), (128, 192), (192, 320), (576, 960), (320, 128), (256, 
 
 
 def torch_reference(qw: QuantizedWeight, dtype: torch.dtype) -> TorchQuantLinear:
-    spec = LayerSpec(qw.in_features, qw.out_features, 4, qw.group_size, qw.sym, qw.act_order)
+    spec = LayerSpec(qw.in_features, qw.out_features, qw.bits, qw.group_size, qw.sym, qw.act_order)
     ref = TorchQuantLinear(qw.in_features, qw.out_features, qw.bias is not None, spec, dtype)
     ref.load_quantized(qw)
     return ref
@@ -217,6 +248,7 @@ def fused_output(module: MarlinQuantLinear, x: torch.Tensor) -> torch.Tensor:
     ops = torch.ops.litquant_marlin
     xp = x if module.perm is None else x.index_select(1, module.perm)
     xp = torch.nn.functional.pad(xp, (0, module.padded_in_features - module.in_features))  # as forward() does
+    xp = module.kernel_input(xp)
     out = torch.full((x.shape[0], module.out_features), float("nan"), dtype=x.dtype, device=x.device)
     locks = torch.zeros(-(-x.shape[0] // 16) * (module.out_features // 64), dtype=torch.int32, device=x.device)
     ops.gemm_out(xp, module.qweight, module.scales, module.zeros, module.bias, locks, module.group_size, out)
@@ -244,12 +276,15 @@ def check_rows(qw: QuantizedWeight, dtype: torch.dtype, rows, fused_up_to: int =
 
 @pytest.mark.gpu
 def test_gpu_auto_picks_marlin_for_the_layers_it_takes():
-    """`auto` takes the fastest kernel: marlin for 4-bit layers it supports (building it if needed), triton for
-    the rest."""
+    """`auto` takes the fastest kernel: marlin for the 4-bit layers it supports (building it if needed), triton
+    for the rest (8-bit too, where triton decodes faster; `--kernel marlin` runs 8-bit)."""
     four_bit = [("mlp.fc", LayerSpec(4096, 11008, 4, 128, False, True))]
     assert select_kernel("auto", four_bit, torch.device("cuda"), torch.bfloat16) is MarlinQuantLinear
+    for bits in (3, 8):
+        layers = [("mlp.fc", LayerSpec(4096, 11008, bits, 128, False, True))]
+        assert select_kernel("auto", layers, torch.device("cuda"), torch.bfloat16).name == "triton"
     eight_bit = [("mlp.fc", LayerSpec(4096, 11008, 8, 128, False, True))]
-    assert select_kernel("auto", eight_bit, torch.device("cuda"), torch.bfloat16).name == "triton"
+    assert select_kernel("marlin", eight_bit, torch.device("cuda"), torch.bfloat16) is MarlinQuantLinear
 
 
 @pytest.mark.gpu
@@ -269,6 +304,25 @@ def test_gpu_llama_shapes(dtype, shape):
     qw = random_quantized_weight(*shape, 128, sym=dtype == torch.float16, act_order=dtype == torch.bfloat16,
                                  device="cuda")
     check_rows(qw, dtype, ROWS, fused_up_to=256)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("group_size, sym, act_order", [(-1, True, False), (32, False, True), (64, True, False),
+                                                        (128, True, True), (128, False, False)])
+def test_gpu_8bit_every_configuration(dtype, group_size, sym, act_order):
+    """8-bit weights (two 4-bit planes, `nibble_planes`) on every path: decode, mma.sync / wgmma, dequant + cuBLAS."""
+    qw = random_quantized_weight(1024, 768, group_size, sym, act_order, "cuda", bias=sym, bits=8)
+    check_rows(qw, dtype, ROWS)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4096, 12288), (11008, 4096), (8192, 28672), (192, 320)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_gpu_8bit_llama_and_odd_shapes(shape):
+    qw = random_quantized_weight(*shape, 128 if shape[0] % 128 == 0 else 64, sym=False, act_order=True,
+                                 device="cuda", bits=8)
+    check_rows(qw, torch.bfloat16, ROWS, fused_up_to=256)
 
 
 @pytest.mark.gpu
@@ -301,12 +355,20 @@ def test_gpu_fused_paths_are_as_accurate_as_the_reference(dtype, group_size, sym
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gpu_dequant_is_bit_exact(dtype):
-    qw = random_quantized_weight(512, 384, 64, sym=False, act_order=True, device="cuda")
-    module = marlin_module(qw, dtype)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_gpu_dequant_is_bit_exact(dtype, bits):
+    """The dense path's weight: 4-bit, the reference's; 8-bit, the sum of the two planes' values as the CPU
+    emulation of the lanes decodes them, added in fp32 and rounded once."""
+    qw = random_quantized_weight(512, 384, 64, sym=False, act_order=True, bits=bits)
+    module = marlin_module(qw.to("cuda"), dtype)
     w = torch.full((512, 384), float("nan"), dtype=dtype, device="cuda")
     torch.ops.litquant_marlin.dequant_out(module.qweight, module.scales, module.zeros, module.group_size, w)
-    assert torch.equal(w, expected_weight(qw, dtype, module.perm.long()))
+    if bits == 4:
+        expected = expected_weight(qw, dtype, module.perm.cpu().long())
+    else:
+        planes = emulate_dequant(marlin_module(qw, dtype), dtype).float()
+        expected = (planes[:512] + planes[512:]).to(dtype)
+    assert torch.equal(w.cpu(), expected)
 
 
 @pytest.mark.gpu
@@ -381,11 +443,11 @@ def test_gpu_layers_in_a_chain_read_each_others_outputs(rows, graph):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("act_order", [False, True])
-def test_gpu_concat_is_both_layers_side_by_side(act_order):
+@pytest.mark.parametrize("act_order, bits", [(False, 4), (True, 4), (True, 8)])
+def test_gpu_concat_is_both_layers_side_by_side(act_order, bits):
     """fc_1 and fc_2 of a Llama-2-7B MLP as one layer (litquant.fuse), on every path (decode, mma/wgmma, dense)."""
-    first = random_quantized_weight(4096, 11008, 128, sym=False, act_order=act_order, device="cuda")
-    second = random_quantized_weight(4096, 11008, 128, sym=False, act_order=False, device="cuda")
+    first = random_quantized_weight(4096, 11008, 128, sym=False, act_order=act_order, device="cuda", bits=bits)
+    second = random_quantized_weight(4096, 11008, 128, sym=False, act_order=False, device="cuda", bits=bits)
     second.g_idx = first.g_idx.clone()
     a, b = marlin_module(first, torch.bfloat16), marlin_module(second, torch.bfloat16)
     fused = a.concat(b)

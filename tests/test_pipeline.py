@@ -272,8 +272,9 @@ def test_cli_quantize_from_yaml_config(tiny_llama_checkpoint, tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel,precision", [("torch", "32-true"), ("triton", "32-true"), ("marlin", "16-true")])
-def test_generate_on_gpu_eager_compiled_and_across_kernels(tmp_path, kernel, precision, monkeypatch):
+@pytest.mark.parametrize("kernel,precision,bits", [("torch", "32-true", 4), ("triton", "32-true", 4),
+                                                  ("marlin", "16-true", 4), ("marlin", "16-true", 8)])
+def test_generate_on_gpu_eager_compiled_and_across_kernels(tmp_path, kernel, precision, bits, monkeypatch):
     """`litquant generate --compile` gives the eager greedy tokens, and each kernel agrees with torch's logits.
 
     A random tiny model has near-ties among its logits, which bf16 rounding differences between inductor's fused
@@ -286,7 +287,7 @@ def test_generate_on_gpu_eager_compiled_and_across_kernels(tmp_path, kernel, pre
 
     monkeypatch.setattr(gen, "next_token", gen.next_token)  # --compile swaps it; restore afterwards
     checkpoint = make_tiny_checkpoint(tmp_path / "ck", "llama_gpu")
-    out = quantize(checkpoint, tmp_path / "q", method="rtn", bits=4, group_size=64, kernel=kernel, device="cuda")
+    out = quantize(checkpoint, tmp_path / "q", method="rtn", bits=bits, group_size=64, kernel=kernel, device="cuda")
     options = dict(prompt="hello", max_new_tokens=12, device="cuda", precision=precision, apply_prompt_style=False)
     eager = generate(out, **options)
     compiled = generate(out, compile=True, **options)

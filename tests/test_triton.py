@@ -178,6 +178,22 @@ def test_auto_prefers_triton_on_gpus_only():
     assert select_kernel("auto", [("layer", spec)], DEVICE, torch.bfloat16) is expected
 
 
+def test_auto_skips_a_kernel_for_bit_widths_outside_its_auto_bits(monkeypatch):
+    import litquant.kernels as registry
+
+    class FourBitOnlyForAuto(TorchQuantLinear):
+        name = "fourbit"
+        auto_bits = (4,)
+
+    monkeypatch.setattr(registry, "kernel_class",
+                        lambda name: FourBitOnlyForAuto if name == "fourbit" else TorchQuantLinear)
+    monkeypatch.setattr(registry, "AUTO_ORDER", ("fourbit", "torch"))
+    layers = lambda bits: [("layer", LayerSpec(256, 48, bits, 128, True, False))]  # noqa: E731
+    assert select_kernel("auto", layers(4), torch.device("cpu"), torch.float32) is FourBitOnlyForAuto
+    assert select_kernel("auto", layers(8), torch.device("cpu"), torch.float32) is TorchQuantLinear
+    assert select_kernel("fourbit", layers(8), torch.device("cpu"), torch.float32) is FourBitOnlyForAuto
+
+
 def test_unsupported_layers_are_refused_with_reasons():
     cls = tk.TritonQuantLinear
     assert cls.unsupported(LayerSpec(256, 48, 5, 128, True, False), DEVICE, torch.float16) == (

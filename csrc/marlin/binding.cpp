@@ -71,13 +71,15 @@ void dequant_out(const at::Tensor& qweight, const at::Tensor& scales, const std:
                  int64_t group_size, const at::Tensor& out) {
   const int64_t K = qweight.size(0) * 16, N = scales.size(1);
   check_weight(qweight, scales, zeros, K, N, scales.scalar_type());
+  // out has K rows, or K / 2: the sum of the two 4-bit planes of an 8-bit weight
   TORCH_CHECK(out.scalar_type() == scales.scalar_type() && out.is_contiguous() && out.dim() == 2 &&
-                  out.size(0) == K && out.size(1) == N && aligned16(out),
-              "marlin: out must be a contiguous, 16-byte aligned [K, N] tensor in the scales' dtype");
+                  (out.size(0) == K || 2 * out.size(0) == K) && out.size(1) == N && aligned16(out),
+              "marlin: out must be a contiguous, 16-byte aligned [K, N] (or [K / 2, N], two planes) tensor in the "
+              "scales' dtype");
   const c10::cuda::CUDAGuard guard(qweight.device());
   const char* err = litquant_marlin_dequant(
       qweight.data_ptr<int32_t>(), scales.data_ptr(), zeros ? zeros->data_ptr<int32_t>() : nullptr, out.data_ptr(),
-      static_cast<int>(K), static_cast<int>(N), static_cast<int>(group_size),
+      static_cast<int>(K), static_cast<int>(N), static_cast<int>(group_size), static_cast<int>(K / out.size(0)),
       scales.scalar_type() == at::kBFloat16, c10::cuda::getCurrentCUDAStream(qweight.get_device()).stream());
   TORCH_CHECK(err == nullptr, "marlin dequant: ", err);
 }

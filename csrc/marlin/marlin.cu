@@ -397,32 +397,48 @@ const char* dispatch_rows(const GemmArgs& args, int sms, cudaStream_t stream) {
 // ---------------------------------------------------------------------------------------------
 constexpr int kDequantWarps = 8;
 
-template <typename T>
+template <typename T, int kPlanes>
 __global__ void __launch_bounds__(32 * kDequantWarps) marlin_dequant_kernel(
     const uint4* qweight, const uint4* scales, const uint2* zeros, T* w, int K, int N, int gs) {
-  // One warp per 16 x 64 tile; its values pass through shared memory so rows go out in 128-byte
+  // One warp per 16 x 64 tile of w; its values pass through shared memory so rows go out in 128-byte
   // stores. Rows are padded by 8 values so the 2-byte scatter of the fragments spreads over banks.
+  // With two planes (an 8-bit weight as 4-bit high and low nibbles, litquant/kernels/marlin.py:
+  // nibble_planes), w has K / 2 rows and row r is the sum of weight rows r and r + K / 2, each rounded
+  // to T as the fused kernels see it, added in fp32.
   __shared__ __align__(16) T tile[kDequantWarps][16][72];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n_tiles = N / 64;
+  const int n_tiles = N / 64, plane_ktiles = K / 16 / kPlanes;
   const int t = blockIdx.x * kDequantWarps + warp;
-  if (t >= (K / 16) * n_tiles) return;
+  if (t >= plane_ktiles * n_tiles) return;
   const int kt = t / n_tiles, nt = t % n_tiles;
-  const int g = gs < 0 ? 0 : kt * 16 / gs;
-  GroupConstants<T> consts;
-  consts.load(scales[(size_t)g * (N / 8) + nt * 8 + lane / 4],
-              zeros ? zeros[(size_t)g * (N / 8) + nt * 8 + lane / 4] : make_uint2(kSymmetricZeros, kSymmetricZeros));
-  const uint4 q = qweight[(size_t)t * 32 + lane];
-  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+  float sums[4][4][2] = {};
+#pragma unroll
+  for (int plane = 0; plane < kPlanes; ++plane) {
+    const int ktile = kt + plane * plane_ktiles;
+    const int g = gs < 0 ? 0 : ktile * 16 / gs;
+    GroupConstants<T> consts;
+    consts.load(scales[(size_t)g * (N / 8) + nt * 8 + lane / 4],
+                zeros ? zeros[(size_t)g * (N / 8) + nt * 8 + lane / 4] : make_uint2(kSymmetricZeros, kSymmetricZeros));
+    const uint4 q = qweight[((size_t)ktile * n_tiles + nt) * 32 + lane];
+    const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t b[4];
+      consts.dequant(words[j], j, b);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 pair = Dtype<T>::unpack(bit_cast<typename Dtype<T>::T2>(b[i]));
+        sums[j][i][0] += pair.x, sums[j][i][1] += pair.y;
+      }
+    }
+  }
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    uint32_t b[4];
-    consts.dequant(words[j], j, b);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int row = 2 * (lane % 4) + 8 * (i % 2);
       const int col = (2 * j + i / 2) * 8 + lane / 4;
-      const auto pair = bit_cast<typename Dtype<T>::T2>(b[i]);
+      const auto pair = Dtype<T>::pack(sums[j][i][0], sums[j][i][1]);
       tile[warp][row][col] = pair.x;
       tile[warp][row + 1][col] = pair.y;
     }
@@ -518,19 +534,23 @@ const char* litquant_marlin_gemm(const void* x, const int32_t* qweight, const vo
 }
 
 const char* litquant_marlin_dequant(const int32_t* qweight, const void* scales, const int32_t* zeros, void* w, int K,
-                                    int N, int group_size, int is_bf16, cudaStream_t stream) {
+                                    int N, int group_size, int planes, int is_bf16, cudaStream_t stream) {
   if (const char* bad = check_shape(K, N, group_size)) return bad;
-  const int tiles = (K / 16) * (N / 64);
+  if (planes != 1 && (planes != 2 || K % 32 != 0))
+    return "marlin dequant: planes must be 1, or 2 with K / 2 a multiple of 16";
+  const int tiles = (K / 16 / planes) * (N / 64);
   const int grid = (tiles + kDequantWarps - 1) / kDequantWarps;
   const uint4* q = reinterpret_cast<const uint4*>(qweight);
   const uint4* s = static_cast<const uint4*>(scales);
   const uint2* z = reinterpret_cast<const uint2*>(zeros);
+  auto launch = [&](auto* out, auto kernel_one, auto kernel_two) {
+    (planes == 2 ? kernel_two : kernel_one)<<<grid, 32 * kDequantWarps, 0, stream>>>(q, s, z, out, K, N, group_size);
+  };
   if (is_bf16)
-    marlin_dequant_kernel<__nv_bfloat16><<<grid, 32 * kDequantWarps, 0, stream>>>(
-        q, s, z, static_cast<__nv_bfloat16*>(w), K, N, group_size);
+    launch(static_cast<__nv_bfloat16*>(w), marlin_dequant_kernel<__nv_bfloat16, 1>,
+           marlin_dequant_kernel<__nv_bfloat16, 2>);
   else
-    marlin_dequant_kernel<half><<<grid, 32 * kDequantWarps, 0, stream>>>(q, s, z, static_cast<half*>(w), K, N,
-                                                                          group_size);
+    launch(static_cast<half*>(w), marlin_dequant_kernel<half, 1>, marlin_dequant_kernel<half, 2>);
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }

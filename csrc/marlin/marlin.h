@@ -27,9 +27,11 @@ const char* litquant_marlin_gemm(const void* x, const int32_t* qweight, const vo
 int64_t litquant_marlin_partial_floats(int M, int K, int N);
 int64_t litquant_marlin_lock_count(int M, int K, int N);
 
-// w[K, N] (row-major, x's dtype) = the dequantized weight, for the dense path of large M.
+// w[K / planes, N] (row-major, x's dtype) = the dequantized weight, for the dense path of large M. planes = 2:
+// qweight holds an 8-bit weight as two 4-bit planes of K / 2 rows each (high nibbles, then low nibbles), and
+// w is their sum.
 const char* litquant_marlin_dequant(const int32_t* qweight, const void* scales, const int32_t* zeros,
-                                    void* w, int K, int N, int group_size, int is_bf16,
+                                    void* w, int K, int N, int group_size, int planes, int is_bf16,
                                     cudaStream_t stream);
 
 #ifdef __cplusplus

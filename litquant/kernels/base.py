@@ -38,6 +38,7 @@ class QuantLinear(nn.Module):
     dtypes: ClassVar[Tuple[torch.dtype, ...]] = (torch.float32, torch.float16, torch.bfloat16)
     devices: ClassVar[Tuple[str, ...]] = ("cpu", "cuda")
     auto_devices: ClassVar[Optional[Tuple[str, ...]]] = None  # where `auto` may pick it (None: `devices`)
+    auto_bits: ClassVar[Optional[Tuple[int, ...]]] = None  # the bit widths `auto` may pick it for (None: `bits`)
     min_capability: ClassVar[Optional[Tuple[int, int]]] = None  # CUDA compute capability
     k_multiple: ClassVar[int] = 1
     n_multiple: ClassVar[int] = 1

@@ -1,4 +1,5 @@
-"""The `marlin` kernel: a Marlin-class fused 4-bit GEMM on the tensor cores (csrc/marlin/marlin.cu).
+"""The `marlin` kernel: a Marlin-class fused 4-bit GEMM on the tensor cores (csrc/marlin/marlin.cu), and 8-bit
+weights through the same kernels as two 4-bit planes (`nibble_planes`).
 
 At load, the weight is repacked (vectorized torch, on the target device) into the kernel's layout:
 16 x 64 weight tiles permuted so that each lane of a warp loads the B fragments of its mma.m16n8k16
@@ -14,7 +15,7 @@ layers with many columns), wgmma (csrc/marlin/wgmma.cu); the op picks one per ca
 (M >= `dense_from_m`, by GPU) the weight is dequantized once per call and multiplied by cuBLAS, when
 that is the faster way.
 """
-from typing import ClassVar, Optional
+from typing import ClassVar, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -89,6 +90,26 @@ def pack_zeros(zeros: torch.Tensor) -> torch.Tensor:
     return _to_int32(words.permute(0, 1, 3, 2).reshape(g, n // 4)).contiguous()
 
 
+def nibble_planes(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                  group_size: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """An 8-bit weight (codes uint8 [K, N], K a multiple of 128, rows in group order; scales [G, N]; zeros uint8
+    [G, N]) as the same weight in 4 bits over 2K input rows, for the 4-bit kernels with the activations given
+    twice ([x, x]). Returns (codes, fp32 scales, zeros, group size) of that 4-bit weight.
+
+    With q = 16 q_hi + q_lo and z = 16 z_hi + z_lo, s (q - z) = 16 s (q_hi - z_hi) + s (q_lo - z_lo): rows
+    0..K-1 hold the high nibbles with scale 16 s and zero point z_hi, rows K..2K-1 the low nibbles with scale s
+    and zero point z_lo. Exact, and as many bytes as the 8-bit codes: the kernels stream 4 bytes per 8 weights
+    either way, so decode (memory bound) runs at the 4-bit kernels' bandwidth; the tensor cores do twice the
+    products, which large M pays for. Group size -1 becomes 128 (the one scale repeated), so that the low plane's
+    groups start at group K / 128."""
+    if group_size == -1:
+        group_size = 128
+        scales, zeros = scales.expand(codes.shape[0] // 128, -1), zeros.expand(codes.shape[0] // 128, -1)
+    scales = scales.to(torch.float32)
+    return (torch.cat([codes >> 4, codes & 15]), torch.cat([16 * scales, scales]), torch.cat([zeros >> 4, zeros & 15]),
+            group_size)
+
+
 def _register_fakes() -> None:
     """Shapes of the ops for torch.compile / meta tensors (the out= ops mutate in place and return nothing)."""
 
@@ -116,8 +137,10 @@ def load_ops(device: torch.device = None):
 
 class MarlinQuantLinear(QuantLinear):
     name = "marlin"
-    description = "fused 4-bit GEMM (Marlin-class; CUDA cores at M=1), fp16/bf16, sm_80+; built on first use"
-    bits = (4,)
+    description = ("fused 4-bit GEMM (Marlin-class; CUDA cores at M=1), 8-bit as two 4-bit planes, fp16/bf16, sm_80+; "
+                   "built on first use")
+    bits = (4, 8)
+    auto_bits = (4,)  # 8-bit decode (M = 1) is faster on triton: benchmarks/results/2026-12-01-kernels-8bit.md
     group_sizes = (-1, 32, 64, 128)
     zero_point = True
     act_order = True
@@ -131,11 +154,16 @@ class MarlinQuantLinear(QuantLinear):
     # From this many rows on, dequantize once + cuBLAS beats the fused kernel. mma.sync, measured on
     # an H200, Llama-2-70B MLP shapes, bf16 g128: fused 185 us at M=64 and 340 us at M=128; dequantize
     # (~140 us) + cuBLAS (138 us at M=128) ~ 280 us (benchmarks/results/2026-11-30-marlin-layers.log).
+    # 8-bit weights (two planes) take the same threshold here: not measured on an sm_80 GPU.
     mma_dense_from_m: ClassVar[int] = 128
-    # wgmma (Hopper), bf16 g128, all six Llama-2 7B/70B layers, same run (2026-11-30-wgmma-stream-k.md):
-    # fused 2-20% faster than dense at M=768, 2-5% at 1024 except 70B-down (dense 7% faster); at 2048
-    # dense is 3-20% faster.
-    wgmma_dense_from_m: ClassVar[int] = 1024
+    # wgmma (Hopper), bf16 g128, all six Llama-2 7B/70B layers (benchmarks/dense_threshold.py,
+    # results/2026-12-01-dense-threshold-*.log): 4-bit fused 4-10% faster than dense at M=1024, at 1536 2-10%
+    # faster on four layers and 1-16% slower on the two down projections, at 2048 dense 5-20% faster on all six.
+    wgmma_dense_from_m: ClassVar[int] = 1536
+    # 8-bit: the fused kernels do twice the tensor-core work (two planes), the dense path one dequantization
+    # (litquant_marlin_dequant adds the planes). Level at M=192..256 (each faster on three layers), dense
+    # 30-50% faster from M=320 on.
+    wgmma_dense_from_m_8bit: ClassVar[int] = 257
     # Every buffer is laid out by 64-column tile along its last dim (the locks are zeroed counters, enough
     # for the sum of the columns).
     concat_dims = {"qweight": 1, "scales": 1, "zeros": 1, "perm": None, "locks": 0}
@@ -153,8 +181,8 @@ class MarlinQuantLinear(QuantLinear):
         return None
 
     def load_quantized(self, qw: QuantizedWeight) -> None:
-        if qw.bits != 4:
-            raise ValueError(f"marlin supports 4-bit weights, not {qw.bits}-bit")
+        if qw.bits not in self.bits:
+            raise ValueError(f"marlin supports 4-bit and 8-bit weights, not {qw.bits}-bit")
         k, n = qw.in_features, qw.out_features
         if k % self.k_multiple or n % self.n_multiple:
             raise ValueError(f"marlin needs in_features a multiple of {self.k_multiple} and out_features a "
@@ -170,20 +198,32 @@ class MarlinQuantLinear(QuantLinear):
                 raise ValueError("marlin's act_order needs every group to hold exactly group_size rows "
                                  "(as GPTQ desc_act writes them); this g_idx does not")
             codes = codes[perm]
-        scales, zeros = qw.scales, qw.zeros
-        self.padded_in_features = k if k % 128 == 0 or n % 128 == 0 else -(-k // 128) * 128
-        if self.padded_in_features != k:  # the activations get zero columns to match: no effect on y
-            groups = num_groups(self.padded_in_features, qw.group_size)
+        scales, zeros, group_size = qw.scales, qw.zeros, qw.group_size
+        # Input rows per weight plane (the activations get zero columns to match: no effect on y). 8-bit weights
+        # are two planes, each a multiple of 128 rows so that the second one starts at a group boundary.
+        self.planes = 2 if qw.bits == 8 else 1
+        pad = k % 128 != 0 and (n % 128 != 0 or self.planes == 2)
+        self.padded_in_features = -(-k // 128) * 128 if pad else k
+        if self.padded_in_features != k:
+            groups = num_groups(self.padded_in_features, group_size)
             codes = torch.cat([codes, codes.new_zeros(self.padded_in_features - k, n)])
             scales = torch.cat([scales, scales.new_zeros(groups - scales.shape[0], n)])
             zeros = torch.cat([zeros, zeros.new_full((groups - zeros.shape[0], n), 8)])
-        self.group_size = qw.group_size
+        if self.planes == 2:
+            codes, scales, zeros, group_size = nibble_planes(codes, scales, zeros, group_size)
+        scales = permute_scales(scales).to(self.dtype)
+        if not torch.isfinite(scales).all():
+            raise ValueError(f"marlin: a scale of this weight overflows {str(self.dtype).replace('torch.', '')}"
+                             f"{' (8-bit weights need 16 x scale)' if self.planes == 2 else ''}; run it in bfloat16")
+        self.group_size = group_size
         self.register_buffer("perm", perm)
         self.register_buffer("qweight", repack_weight(codes.contiguous()))
-        self.register_buffer("scales", permute_scales(scales).to(self.dtype))
-        self.register_buffer("zeros", None if qw.sym else pack_zeros(zeros))
+        self.register_buffer("scales", scales)
+        # 8-bit symmetric weights (z = 128) still need zero points: z_lo = 0 in the low plane
+        self.register_buffer("zeros", None if qw.sym and self.planes == 1 else pack_zeros(zeros))
         hopper = codes.is_cuda and torch.cuda.get_device_capability(codes.device) == (9, 0)
-        self.dense_from_m = self.wgmma_dense_from_m if hopper else self.mma_dense_from_m
+        wgmma_dense_from_m = self.wgmma_dense_from_m_8bit if self.planes == 2 else self.wgmma_dense_from_m
+        self.dense_from_m = wgmma_dense_from_m if hopper else self.mma_dense_from_m
         # Locks: the mma.sync path's (one per 64 columns and pass of rows) or the wgmma path's (one per
         # tile shared between blocks: fewer than two per SM).
         chunks = -(-(self.mma_dense_from_m - 1) // ROWS_PER_PASS)
@@ -212,9 +252,15 @@ class MarlinQuantLinear(QuantLinear):
             x = F.pad(x, (0, self.padded_in_features - self.in_features))
         ops = torch.ops.litquant_marlin
         if x.shape[0] >= self.dense_from_m:
+            # (two planes: the kernel writes their sum)
             w = torch.empty(self.padded_in_features, self.out_features, dtype=x.dtype, device=x.device)
             ops.dequant_out(self.qweight, self.scales, self.zeros, self.group_size, w)
             y = torch.mm(x, w) if self.bias is None else torch.addmm(self.bias, x, w)
         else:
-            y = ops.gemm(x, self.qweight, self.scales, self.zeros, self.bias, self.locks, self.group_size)
+            y = ops.gemm(self.kernel_input(x), self.qweight, self.scales, self.zeros, self.bias, self.locks,
+                         self.group_size)
         return y.view(out_shape)
+
+    def kernel_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The fused kernel's activations for x (permuted and padded): x itself, or [x, x] for the two planes."""
+        return torch.cat([x, x], 1) if self.planes == 2 else x
