@@ -23,8 +23,8 @@
 // Block tile: for BM = 64 or 128 rows, 256 output features (4 tiles of 64) on four warpgroups, warpgroup
 //   h taking tile h (one m64nBMk16 instruction a k16 step: at these sizes the kernel waits on latency more
 //   than on issue, and twice the warps of two-tile warpgroups made M = 64-128 3-9% faster on the layers
-//   that split K, level elsewhere: 2026-11-30-wgmma-warpgroups.md); for BM = 256 (M > 128), 128 features on
-//   two warpgroups (warpgroup h takes tile h, one m64n256k16 instruction), as the accumulators of four
+//   that split K, level elsewhere: 2026-11-30-wgmma-warpgroups.md); for BM = 160 or 256 (M > 128), 128 features
+//   on two warpgroups (warpgroup h takes tile h, one m64nBMk16 instruction), as the accumulators of four
 //   would not fit: the same tensor work a stage as two m64n128k16 a warpgroup, half the dequantization per
 //   product (M = 256-512: 2-15% faster, 2026-11-30-wgmma-stream-k.md), for twice the
 //   activation bytes a stage. Stages of 64 k. The activations of a stage, BM rows x 128 bytes, are stored with the 128-byte
@@ -64,8 +64,8 @@ namespace {
 constexpr int kWgK = 64;         // k per stage: one 128-byte row of activations
 constexpr int kGroupM = 8;       // row tiles that sweep the column tiles together (L2 reuse at large M)
 
-// Block tiles (see the top of the file): BM = 64 or 128 rows x 256 columns on four warpgroups, 256 rows x
-// 128 columns on two; each warpgroup one 64-column tile, one instruction a k16 step.
+// Block tiles (see the top of the file): BM = 64 or 128 rows x 256 columns on four warpgroups, 160 or 256
+// rows x 128 columns on two; each warpgroup one 64-column tile, one instruction a k16 step.
 template <int BM>
 struct WgTile {
   static constexpr int kThreads = BM <= 128 ? 512 : 256;
@@ -146,6 +146,7 @@ __device__ __forceinline__ void fence_register(float& r) { asm volatile("" : "+f
 #define LQ_D32(d, o) LQ_D16(d, o), LQ_D16(d, (o) + 16)
 #define LQ_D64(d, o) LQ_D32(d, o), LQ_D32(d, (o) + 32)
 #define LQ_D128(d, o) LQ_D64(d, o), LQ_D64(d, (o) + 64)
+#define LQ_D80(d, o) LQ_D64(d, o), LQ_D16(d, (o) + 64)
 #define LQ_A4(a) "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
 #define LQ_WGMMA_OPERANDS_64                                                                               \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
@@ -163,6 +164,12 @@ __device__ __forceinline__ void fence_register(float& r) { asm volatile("" : "+f
   "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, " \
   "%97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, " \
   "%113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n"
+#define LQ_WGMMA_OPERANDS_160 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, " \
+  "%39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, " \
+  "%58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, " \
+  "%77, %78, %79}, {%80, %81, %82, %83}, %84, p, 1, 1, 0;\n"
 // scale-d is the predicate p (accumulate into d, or overwrite it): its operand follows the descriptor.
 #define LQ_WGMMA(N, TYPE, PRED)                                                                      \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %" #PRED ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE \
@@ -182,8 +189,11 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
   } else if constexpr (N == 128) {
     if constexpr (kBf16) asm volatile(LQ_WGMMA(128, "bf16", 69) : LQ_D64(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
     else asm volatile(LQ_WGMMA(128, "f16", 69) : LQ_D64(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
+  } else if constexpr (N == 160) {
+    if constexpr (kBf16) asm volatile(LQ_WGMMA(160, "bf16", 85) : LQ_D80(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
+    else asm volatile(LQ_WGMMA(160, "f16", 85) : LQ_D80(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
   } else {
-    static_assert(N == 256, "wgmma_rs is written for 64, 128 and 256 columns");
+    static_assert(N == 256, "wgmma_rs is written for 64, 128, 160 and 256 columns");
     if constexpr (kBf16) asm volatile(LQ_WGMMA(256, "bf16", 133) : LQ_D128(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
     else asm volatile(LQ_WGMMA(256, "f16", 133) : LQ_D128(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
   }
@@ -504,7 +514,7 @@ __global__ void wgmma_sum_splits_kernel(const float4* partial, const T* bias, T*
 // Host side
 // ---------------------------------------------------------------------------------------------
 struct WgmmaPlan {
-  int bm;            // rows per block tile: 64 or 128
+  int bm;            // rows per block tile: 64, 128, 160 or 256
   int grid;          // blocks
   int shared_tiles;  // tiles cut between blocks without k splits (one lock each)
   WgWork work;
@@ -516,14 +526,21 @@ struct WgmmaPlan {
 // before it: 70B-qkv M = 256, 80 tiles on 132 SMs, 75.5 us against 98.5; 7B-up M = 256 83 against 105,
 // M = 64 37.5 against 40.4). Stream-K shares the last round of whole tiles plus the remainder, each
 // block's run at least 8 stages.
-constexpr int block_columns(int bm) { return bm == 256 ? 128 : 256; }
+constexpr int block_columns(int bm) { return bm > 128 ? 128 : 256; }
 
-// Rows per block tile: 64 up to M = 64, 128 up to 128; above, 256 unless that pads M to more rows than 128
-// does (M = 257..384, 513..640, ...): a 256-row tile is 5-10% faster per row than a 128-row one at
-// M = 512-768, but M = 384 took 25-40% longer on 256-row tiles (2026-11-30-wgmma-warpgroups.md).
+// Rows per block tile: 64 up to M = 64, 128 up to 128; above, the one of 128, 160 and 256 rows with the least
+// cost, tiles x cost per tile, the larger on a tie. The costs per tile, 50 : 68 : 90, are those measured on an H200
+// (M = 300..768, 2026-12-01-wgmma-160-rows.md: 7B-qkv and 70B-up alike); rows past M cost as much as real ones.
+// So M = 257..320 takes two 160-row tiles (until then three 128-row ones: 10-25% slower), 321..384 three
+// 128-row tiles, 385..512 two 256-row ones, 513..640 five 128-row ones, and so on.
 int block_rows(int M) {
   if (M <= 128) return M <= 64 ? 64 : 128;
-  return (M + 255) / 256 * 256 == (M + 127) / 128 * 128 ? 256 : 128;
+  constexpr int kRows[3] = {256, 160, 128}, kCost[3] = {90, 68, 50};
+  int best = 0;
+  for (int i = 1; i < 3; ++i) {
+    if ((M + kRows[i] - 1) / kRows[i] * kCost[i] < (M + kRows[best] - 1) / kRows[best] * kCost[best]) best = i;
+  }
+  return kRows[best];
 }
 
 WgmmaPlan plan_wgmma(int M, int K, int N, int sms) {
@@ -623,6 +640,7 @@ const char* dispatch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, const De
   switch (plan.bm) {
     case 64: return z ? launch_wgmma<T, 64, true>(args, plan, device, stream) : launch_wgmma<T, 64, false>(args, plan, device, stream);
     case 128: return z ? launch_wgmma<T, 128, true>(args, plan, device, stream) : launch_wgmma<T, 128, false>(args, plan, device, stream);
+    case 160: return z ? launch_wgmma<T, 160, true>(args, plan, device, stream) : launch_wgmma<T, 160, false>(args, plan, device, stream);
     default: return z ? launch_wgmma<T, 256, true>(args, plan, device, stream) : launch_wgmma<T, 256, false>(args, plan, device, stream);
   }
 }
