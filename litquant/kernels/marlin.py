@@ -157,7 +157,7 @@ class MarlinQuantLinear(QuantLinear):
     # 8-bit weights (two planes) take the same threshold here: not measured on an sm_80 GPU.
     mma_dense_from_m: ClassVar[int] = 128
     # wgmma (Hopper), bf16 g128, all six Llama-2 7B/70B layers (benchmarks/dense_threshold.py,
-    # results/2026-12-01-dense-threshold-*.log): 4-bit fused 4-10% faster than dense at M=1024, at 1536 2-10%
+    # results/2026-12-01-dense-threshold.log): 4-bit fused 4-10% faster than dense at M=1024, at 1536 2-10%
     # faster on four layers and 1-16% slower on the two down projections, at 2048 dense 5-20% faster on all six.
     wgmma_dense_from_m: ClassVar[int] = 1536
     # 8-bit: the fused kernels do twice the tensor-core work (two planes), the dense path one dequantization
