@@ -531,8 +531,9 @@ constexpr int block_columns(int bm) { return bm > 128 ? 128 : 256; }
 // Rows per block tile: 64 up to M = 64, 128 up to 128; above, the one of 128, 160 and 256 rows with the least
 // cost, tiles x cost per tile, the larger on a tie. The costs per tile, 50 : 68 : 90, are those measured on an H200
 // (M = 300..768, 2026-12-01-wgmma-160-rows.md: 7B-qkv and 70B-up alike); rows past M cost as much as real ones.
-// So M = 257..320 takes two 160-row tiles (until then three 128-row ones: 10-25% slower), 321..384 three
-// 128-row tiles, 385..512 two 256-row ones, 513..640 five 128-row ones, and so on.
+// So M = 129..160 takes one 160-row tile (until then one of 256 rows), 161..256 one 256-row tile, 257..320 two
+// 160-row ones (until then three 128-row ones: 10-25% slower), 321..384 three 128-row ones, 385..512 two 256-row
+// ones, 513..640 five 128-row ones, and so on.
 int block_rows(int M) {
   if (M <= 128) return M <= 64 ? 64 : 128;
   constexpr int kRows[3] = {256, 160, 128}, kCost[3] = {90, 68, 50};
