@@ -230,7 +230,7 @@ def test_contract():
 # GPU: outputs against the torch reference kernel
 # ------------------------------------------------------------------------------------------------
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2}  # ||out - ref|| / ||ref||
-ROWS = (1, 2, 3, 8, 16, 17, 64, 100, 150, 255, 256, 300, 600, 800, 1024, 4096)
+ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 64, 100, 150, 255, 256, 300, 600, 800, 1024, 4096)
 LLAMA_SHAPES = [(4096, 12288), (4096, 11008), (11008, 4096), (8192, 28672), (4096, 14336)]
 SMALL_SHAPES = [(64, 64), (128, 192), (192, 320), (576, 960), (320, 128), (256, 384), (384, 256)]
 
@@ -340,17 +340,20 @@ def test_gpu_small_shapes(shape, group_size):
 @pytest.mark.parametrize("shape", [(4096, 11008), (8192, 28672), (384, 256)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_gpu_fused_paths_are_as_accurate_as_the_reference(dtype, group_size, sym, shape):
     """Against the exact product (fp64), no fused path's error may exceed the torch reference's by more than
-    10%: M = 1 multiplies the codes in fp32 and applies zero point and scale per group after the sums; larger
-    M dequantizes per pair, on mma.sync (decode.cu up to 16 rows, marlin.cu) or (Hopper, past 16 or 32 rows) wgmma."""
+    10%: M = 1..8 multiplies the biased codes (1024 + q or 128 + q) on the tensor cores and applies zero point and
+    scale per group to the fp32 sums, which activations of a large mean stress (the bias times their sum is most
+    of each sum); larger M dequantizes per pair, on mma.sync (decode.cu up to 16 rows, marlin.cu) or (Hopper,
+    past 16 or 32 rows) wgmma."""
     qw = random_quantized_weight(*shape, group_size, sym=sym, act_order=False, device="cuda")
     module, ref = marlin_module(qw, dtype), torch_reference(qw, dtype)
     g = qw.g_idx.long()
     w_exact = (qw.codes.double() - qw.zeros.double()[g]) * qw.scales.to(dtype).double()[g]
-    for m in (1, 5, 16, 32, 64, 256):
-        x = torch.randn(m, shape[0], device="cuda", dtype=dtype)
-        exact = x.double() @ w_exact
-        err_kernel, err_ref = relative_error(fused_output(module, x), exact), relative_error(ref(x), exact)
-        assert err_kernel <= 1.1 * err_ref, f"M={m}: kernel {err_kernel:.2e}, torch reference {err_ref:.2e}"
+    for m in (1, 5, 8, 16, 32, 64, 256):
+        for mean in (0.0, 3.0):
+            x = torch.randn(m, shape[0], device="cuda", dtype=dtype) + mean
+            exact = x.double() @ w_exact
+            err_kernel, err_ref = relative_error(fused_output(module, x), exact), relative_error(ref(x), exact)
+            assert err_kernel <= 1.1 * err_ref, f"M={m}, mean {mean}: kernel {err_kernel:.2e}, torch reference {err_ref:.2e}"
 
 
 @pytest.mark.gpu

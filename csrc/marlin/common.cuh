@@ -57,6 +57,9 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t smem_src)
                : "r"(smem_src));
 }
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) { ldmatrix_x4(r, smem_address(p)); }
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t smem_src) {  // lanes 0-15 give the rows
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_src));
+}
 
 // (a & mask) | magic in one instruction: lop3 with lookup table (0xF0 & 0xCC) | 0xAA.
 __device__ __forceinline__ uint32_t mask_or(uint32_t a, uint32_t mask, uint32_t magic) {
@@ -119,6 +122,7 @@ template <>
 struct Dtype<half> {
   using T2 = half2;
   static constexpr uint32_t kMagic = 0x64006400u;  // 1024.0 in both halves
+  static constexpr uint32_t kOnes = 0x3c003c00u;   // 1.0 in both halves
 
   static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -136,6 +140,7 @@ template <>
 struct Dtype<__nv_bfloat16> {
   using T2 = __nv_bfloat162;
   static constexpr uint32_t kMagic = 0x43004300u;  // 128.0 in both halves
+  static constexpr uint32_t kOnes = 0x3f803f80u;   // 1.0 in both halves
 
   static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "

@@ -2,38 +2,16 @@
 // speculative drafts), on the same 4-bit marlin layout as marlin.cu. At these sizes a layer is a
 // stream of weight bytes: what counts is the bytes in flight and the instructions per weight, so the
 // weights go from global memory straight into registers (no shared-memory staging, no block barriers
-// in the loop), at 16 warps per SM.
+// in the loop), at 16 warps per SM (12 with two token blocks).
 //
-// One streaming loop, two ways to multiply:
-//   RowOnCudaCores (M = 1), in fp32. A nibble is masked where it lies in its word and read as the
-//     bits of a *denormal* fp32, q * 2^(b - 149) for a nibble at bit b, exactly; the activation it
-//     multiplies comes in scaled by 2^(kXExponent - b), so every product is the normal fp32
-//     x * q * 2^(kXExponent - 149), and the FMAs take the denormal operand at full rate (CUDA does not
-//     flush fp32 denormals unless built with -ftz=true, which this project never passes). Nibbles
-//     5..7 reach the exponent bits (23+): they are read from the word shifted right by 12, one shift
-//     for three. So a weight costs one lop3 (the AND) and one FFMA. At M = 1 an mma would waste 15 of
-//     its 16 rows. Scale and zero point per group in fp32, after the sums:
-//     acc_s += scale_s * partial_s - scale_s * z_s * sum_x (the lane's own rows; the 4 lanes of a
-//     column add up to all 16 rows of a tile). A lane needs, per tile, its 4 activations in 8 scaled
-//     copies: it converts and scales them itself. (bf16 once had each chunk's copies prepared per warp in
-//     shared memory, as its conversion takes integer instructions: up to 4% faster then, level or slower
-//     once the group parameters were read early: benchmarks/results/2026-12-01-decode-streaming.md.)
-//   RowsOnTensorCores (M = 2..16): a lane's uint4 of a 16 x 64 tile *is* its B fragments of the 8
-//     n8 subtiles (the marlin layout); each word is dequantized per pair with the group's scale and
-//     zero point (GroupConstants, as in marlin.cu) and fed to two mma.m16n8k16. Each warp copies the
-//     activations of its next chunk (the M real rows of 128 k values) into its own shared-memory
-//     double buffer with cp.async, through L1: the blocks on an SM stream the same k ranges (their
-//     warp w takes the same chunks) at about the same time. ldmatrix reads the A fragments. (A
-//     fragments read straight from global memory cost 8 cache lines a load, as the rows are K apart:
-//     25-40% slower at M = 16, benchmarks/results/2026-11-30-marlin-decode-tc.md.)
-// Which activation a nibble multiplies (the CUDA-core path): lane l holds, in each 16 x 64 tile, rows
-//   2(l%4) + {0, 1, 8, 9} of columns 8s + l/4 (s = 0..7); word j holds subtiles 2j and 2j + 1, nibble
-//   p the value NIBBLE_ORDER[p] (marlin.py): nibbles 0, 1, 4, 5 belong to subtile 2j and rows +0, +8,
-//   +1, +9; nibbles 2, 3, 6, 7 to subtile 2j + 1, rows +0, +8, +1, +9.
+// The multiplication (ScaleAfterMma) runs on mma.sync with the tokens as the B operand, 8 tokens an
+// instruction, one or two blocks of 8 (see TokensOnTensorCores): the codes go into the mma biased and
+// unscaled (one shift and one lop3 a pair), and each quantization group's scale and zero point are applied
+// to its fp32 sums.
 // Work split: a block of kWarps warps takes one 64-column tile and one of `splits` k ranges; its warps
 //   take consecutive 128-row chunks of that range. A warp streams its chunks through a ring of 8
 //   registers (uint4), each refilled with the next chunk's tile as soon as it is read: 4 KB a warp in
-//   flight, 64 KB an SM at 4 blocks (a deeper ring, 8-16 tiles in shared memory filled by cp.async, was
+//   flight, 64 KB an SM at 4 blocks (48 KB at 3 for two token blocks; a deeper ring, 8-16 tiles in shared memory filled by cp.async, was
 //   slower on nearly every layer, by up to 22%: benchmarks/results/2026-12-01-decode-streaming.md).
 //   Warps add up through shared memory; with several splits, each block writes fp32 partial sums and
 //   the last block of a column tile to finish (counted on its lock, which it then resets to zero) adds
@@ -49,22 +27,12 @@ namespace litquant_marlin {
 namespace {
 
 constexpr int kWarps = 4;
-// Blocks resident per SM: __launch_bounds__ then allows 128 registers a thread. Measured on an H200,
-// 70B-up at M = 1: 67.8 us at 4 blocks against 76-79 us at 3 (159 registers).
+// Blocks resident per SM with one token block (M <= 8): __launch_bounds__ then allows 128 registers a
+// thread. Measured on an H200, 70B-up at M = 1 (on the former fp32 path): 67.8 us at 4 blocks against
+// 76-79 us at 3 (159 registers). The split plan below counts these; two token blocks run 3 an SM.
 constexpr int kBlocksPerSm = 4;
 constexpr int kChunkTiles = 8;  // k16 tiles per chunk: 128 rows, 8 uint4 per lane
-constexpr int kMaxRows = 16;    // one m16 row block
-// Products are x * q * 2^-49: normal fp32 for |x q| >= 2^-77; and x * 2^100 is finite for |x| < 2^27.
-constexpr int kXExponent = 100;
-
-// 2^e for a normal exponent (-126 <= e <= 127); folded to a constant where e is one
-__device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) << 23); }
-__device__ __forceinline__ float unit() { return pow2(kXExponent - 149); }  // the value of 1 in the accumulators
-
-// Nibble p of a word: its bit position as read (p >= 5 from the word >> 12), and the activation it
-// multiplies: 0, 1, 2, 3 for rows +0, +1, +8, +9 of the lane's rows (odd nibbles: +8; p >= 4: +1).
-__host__ __device__ constexpr int nibble_bit(int p) { return p < 5 ? 4 * p : 4 * p - 12; }
-__host__ __device__ constexpr int nibble_x(int p) { return 2 * (p % 2) + p / 4; }
+constexpr int kMaxRows = 16;    // two blocks of 8 tokens
 
 // 16 bytes read once (not kept in L1), if `valid`; else nothing is read and the value is undefined.
 __device__ __forceinline__ uint4 load_streaming(const uint4* p, bool valid) {
@@ -93,137 +61,61 @@ __device__ __forceinline__ GroupParams load_group_params(const GemmArgs& args, i
   return p;
 }
 
-// Tiles of a quantization group inside a chunk: 2, 4 or 8 (a group over all of K: every chunk)
-__device__ __forceinline__ int tiles_per_group(const GemmArgs& args) {
-  return args.group_shift < 0 ? kChunkTiles : min(kChunkTiles, 1 << (args.group_shift - 4));
-}
+// The multiplier that stream_chunks drives (ScaleAfterMma) keeps its accumulators and a warp's shared memory
+// (Staging), and provides: begin (before the warp's run of chunks), start_chunk, start_group / end_group (at
+// the first and the last tile of each quantization group), multiply_tile (one 16 x 64 weight tile, one uint4
+// a lane; given the tile's index along K and its place in the chunk) and store (the warp's sums, as plain
+// values, into a [kRows][64] tile).
 
-// Each way to multiply keeps its own accumulators and a warp's shared memory (Staging), and provides:
-// begin (before the warp's run of chunks), start_chunk, start_group / end_group (at the first and
-// the last tile of each quantization group), multiply_tile (one 16 x 64 weight tile, one uint4 a
-// lane; given the tile's index along K and its place in the chunk) and store (the warp's sums, as
-// plain values, into a [kRows][64] tile).
-template <typename T, bool kHasZeros>
-struct RowOnCudaCores {
-  static constexpr int kRows = 1;
-  struct Staging {};  // none: a lane reads its activations from global memory (L1)
-  const GemmArgs& args;
-  const int lane, column_tile;
-  float acc[8] = {}, partial[8] = {}, x_sum = 0.f;
-  GroupParams params;  // those of the current group, read as it starts
-
-  __device__ RowOnCudaCores(const GemmArgs& a, int col, Staging&) : args(a), lane(threadIdx.x % 32), column_tile(col) {}
-
-  // The 8 copies of the 4 activations of class `cls` (rows 2 cls + {0, 1, 8, 9}) of `tile` that nibbles
-  // 0..7 multiply; returns the sum of the 4.
-  __device__ __forceinline__ float scaled_activations(int tile, int cls, float (&xs)[8]) const {
-    const uint32_t* x = reinterpret_cast<const uint32_t*>(args.x) + tile * 8 + cls;
-    const uint32_t pair_low = __ldg(x), pair_high = __ldg(x + 4);  // rows +0 +1, rows +8 +9
-    const float xv[4] = {Dtype<T>::low(pair_low), Dtype<T>::high(pair_low), Dtype<T>::low(pair_high),
-                         Dtype<T>::high(pair_high)};
-#pragma unroll
-    for (int p = 0; p < 8; ++p) xs[p] = xv[nibble_x(p)] * pow2(kXExponent - nibble_bit(p));
-    return (xv[0] + xv[1]) + (xv[2] + xv[3]);
-  }
-
-  __device__ __forceinline__ void begin(int, int) {}
-  __device__ __forceinline__ void start_chunk(int, int) {}
-
-  // A group's scales and zero points are read as it starts, so the load has the group's tiles to land (read at
-  // its end, where they are used, each warp waited one memory latency a group: they are not in L2, each is
-  // read once, by one warp). Measured on an H200 (M = 1, g128, interleaved): 2-7% faster on every Llama-2
-  // layer in fp16 and in bf16 without zero points (70B-up bf16 66.2-67.5 -> 63.0-63.4 us, 94% of the copy
-  // bandwidth), bf16 with zero points within 1.5% (benchmarks/results/2026-12-01-decode-streaming.md).
-  __device__ __forceinline__ void start_group(int tile) {
-    params = load_group_params<kHasZeros>(args, tile, column_tile, lane);
-  }
-
-  // partial += the products of one tile; x_sum += its 4 activations of this lane.
-  __device__ __forceinline__ void multiply_tile(const uint4& w, int tile, int) {
-    float xs[8];
-    x_sum += scaled_activations(tile, lane % 4, xs);
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint32_t high = words[j] >> 12;
-#pragma unroll
-      for (int p = 0; p < 8; ++p) {
-        const uint32_t field = (p < 5 ? words[j] : high) & (0xfu << nibble_bit(p));
-        partial[2 * j + (p % 4) / 2] = fmaf(xs[p], __uint_as_float(field), partial[2 * j + (p % 4) / 2]);
-      }
-    }
-  }
-
-  // acc += scale * partial - scale * z * x_sum for the current group; then partial = x_sum = 0.
-  __device__ __forceinline__ void end_group(int) {
-    const uint4 s = params.scales;
-    const uint2 z = params.zeros;
-    const uint32_t scale_pairs[4] = {s.x, s.y, s.z, s.w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float scale = i % 2 ? Dtype<T>::high(scale_pairs[i / 2]) : Dtype<T>::low(scale_pairs[i / 2]);
-      const float zero = (float)(((i < 4 ? z.x : z.y) >> (4 * (i % 4))) & 0xf);
-      acc[i] = fmaf(scale, partial[i], acc[i]);
-      acc[i] = fmaf(-scale * zero * unit(), x_sum, acc[i]);
-      partial[i] = 0.f;
-    }
-    x_sum = 0.f;
-  }
-
-  // Row 0 of the tile: the 4 lanes of a column (l, l^1, l^2, l^3) hold its 4 row pairs of every tile.
-  __device__ __forceinline__ void store(float (&sums)[kRows][64]) {
-#pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      float v = acc[s] + __shfl_xor_sync(0xffffffffu, acc[s], 1);
-      v += __shfl_xor_sync(0xffffffffu, v, 2);
-      if (lane % 4 == 0) sums[0][8 * s + lane / 4] = v / unit();
-    }
-  }
-};
-
-template <typename T, bool kHasZeros>
-struct RowsOnTensorCores {
-  static constexpr int kRows = kMaxRows;
-  // Per warp, two chunks of activations (double buffer): 16 rows x 16 uint4 (128 k values), rows
-  // padded to 17 uint4 so that the 8 rows an ldmatrix matrix reads fall in 8 different bank groups;
-  // a lane's ldmatrix address is then the same for every tile plus a constant offset.
+// The tokens' side of the multiplication: they are mma's B operand (16 k x 8 tokens) and the weight its
+// A operand (16 output features x 16 k), as in wgmma.cu: word j of a lane's uint4 holds the B fragments of
+// subtiles 2j and 2j + 1 (marlin.cu), which are together the A fragment of features 16j..16j+15, in the
+// register order {b0b1 of 2j, b0b1 of 2j+1, b2b3 of 2j, b2b3 of 2j+1}. So one mma.m16n8k16 covers 16
+// features x 8 tokens, and a 16 x 64 tile takes 4 mma a block of 8 tokens. (With the tokens as A, 16 rows
+// an mma, a tile took 8 mma whatever M: 17-30% more time at M = 2..8 with the same dequantization, run 1 of
+// benchmarks/results/2026-12-01-decode-tokens-as-b.md.)
+// Each warp copies the activations of its next chunk (the M real rows of 128 k values) into its own
+// shared-memory double buffer with cp.async, through L1: the blocks on an SM stream the same k ranges
+// (their warp w takes the same chunks) at about the same time. ldmatrix reads the B fragments. (A
+// fragments read straight from global memory cost 8 cache lines a load, as the rows are K apart:
+// 25-40% slower at M = 16, benchmarks/results/2026-11-30-marlin-decode-tc.md.)
+template <typename T, int kTokenBlocks>
+struct TokensOnTensorCores {
+  static constexpr int kRows = 8 * kTokenBlocks;
+  // Per warp, two chunks of activations: kRows rows x 16 uint4 (128 k values), rows padded to 17 uint4 so
+  // that the 8 rows an ldmatrix matrix reads fall in 8 different bank groups.
   static constexpr int kRowStride = 17;
   struct Staging {
-    uint4 x[2][kMaxRows * kRowStride];
+    uint4 x[2][kRows * kRowStride];
   };
   static constexpr uint32_t kBufferBytes = sizeof(Staging) / 2;
-  // bf16 reads each group's scales and zero points one group ahead (the first tile of a group uses them);
-  // fp16, whose kernels then spill (20 -> 56 bytes), when the group starts. Measured on an H200 (g128, zero
-  // points, interleaved): bf16 M = 2..16 70B-qkv 6-10% faster (25.5 -> 23.0 us at M = 16), the other Llama-2
-  // layers level to 3% faster; fp16 ahead 3-10% slower (benchmarks/results/2026-12-01-decode-streaming.md).
-  static constexpr bool kParamsAhead = std::is_same<T, __nv_bfloat16>::value;
   const GemmArgs& args;
   const int lane, column_tile;
   const uint32_t copy_to;    // shared address of the lane's first copy (row lane/16, k/8 = lane % 16), buffer 0
   const uint32_t read_from;  // shared address of the lane's ldmatrix row for tile 0, buffer 0
   int first = 0;
-  uint32_t a_chunk = 0;  // read_from in the current chunk's buffer
-  float acc[8][4] = {};  // subtile s: rows lane/4 + {0, 8} x columns 8s + 2(lane % 4) + {0, 1}
-  GroupConstants<T> group;
-  GroupParams next;  // kParamsAhead: those of the next group
+  uint32_t x_chunk = 0;  // read_from in the current chunk's buffer
+  // word j, token block b: features 16j + lane/4 + {0, 8} x tokens 8b + 2(lane % 4) + {0, 1}
+  float acc[4][kTokenBlocks][4] = {};
 
-  __device__ RowsOnTensorCores(const GemmArgs& a, int col, Staging& st)
+  __device__ TokensOnTensorCores(const GemmArgs& a, int col, Staging& st)
       : args(a),
         lane(threadIdx.x % 32),
         column_tile(col),
         copy_to(smem_address(&st.x[0][(lane / 16) * kRowStride + lane % 16])),
-        // ldmatrix: lane l gives row l % 16 of the matrix l / 8 (a0..a3: rows 0-7 / 8-15 x k 0-7 / 8-15)
-        read_from(smem_address(&st.x[0][(lane % 16) * kRowStride + lane / 16])) {}
+        // ldmatrix: lane l gives row l % 8 of matrix l / 8: tokens 0-7 x k 0-7 / 8-15, then tokens 8-15
+        // (an x2 load reads the addresses of lanes 0-15 only)
+        read_from(smem_address(&st.x[0][(8 * (lane / 16) + lane % 8) % kRows * kRowStride + (lane / 8) % 2])) {}
 
   // Chunk c's activations into buffer b: the lane copies k values 8(lane % 16).. of rows lane/16 + 2i
-  // (rows past M are left as they are: an output row depends on its own A row only, and those
+  // (rows past M are left as they are: an output column depends on its own token only, and those
   // outputs are never written).
   __device__ __forceinline__ void copy_chunk(int c, int b) {
     const int rows_left = args.M - lane / 16;  // rows 2i + lane/16 < M
     const uint4* x = args.x + (size_t)(lane / 16) * (args.K / 8) + c * 16 + lane % 16;
     const uint32_t to = copy_to + b * kBufferBytes;
 #pragma unroll
-    for (int i = 0; i < kMaxRows / 2; ++i, x += args.K / 4) {
+    for (int i = 0; i < kRows / 2; ++i, x += args.K / 4) {
       if (2 * i < rows_left) cp_async16_via_l1(to + 2 * i * kRowStride * 16, x);
     }
     cp_async_commit();
@@ -232,7 +124,6 @@ struct RowsOnTensorCores {
   __device__ __forceinline__ void begin(int first_chunk, int last_chunk) {
     first = first_chunk;
     if (first < last_chunk) copy_chunk(first, 0);
-    if constexpr (kParamsAhead) next = load_group_params<kHasZeros>(args, first * kChunkTiles, column_tile, lane);
   }
 
   // Before chunk c: everyone is done with chunk c - 1's buffer, which now receives chunk c + 1;
@@ -243,42 +134,106 @@ struct RowsOnTensorCores {
     else cp_async_commit();  // an empty group keeps the count of the wait below
     cp_async_wait<1>();
     __syncwarp();
-    a_chunk = read_from + ((c - first) & 1) * kBufferBytes;
+    x_chunk = read_from + ((c - first) & 1) * kBufferBytes;
   }
 
-  __device__ __forceinline__ void start_group(int tile) {
-    if constexpr (kParamsAhead) {
-      group.load(next.scales, next.zeros);
-      // the next group's (the last group's again at the end of K: an address that exists)
-      const int next_tile = min(tile + tiles_per_group(args), args.K / 16 - 1);
-      next = load_group_params<kHasZeros>(args, next_tile, column_tile, lane);
+  // The B fragments of tile t of the current chunk: x[2b], x[2b + 1] for token block b.
+  __device__ __forceinline__ void load_tokens(int t, uint32_t (&x)[2 * kTokenBlocks]) const {
+    if constexpr (kTokenBlocks == 2) {
+      ldmatrix_x4(x, x_chunk + 32 * t);
     } else {
-      const GroupParams p = load_group_params<kHasZeros>(args, tile, column_tile, lane);
-      group.load(p.scales, p.zeros);
-    }
-  }
-
-  __device__ __forceinline__ void end_group(int) {}
-
-  // Tile t of the current chunk.
-  __device__ __forceinline__ void multiply_tile(const uint4& w, int, int t) {
-    uint32_t a[4];
-    ldmatrix_x4(a, a_chunk + 32 * t);
-    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      uint32_t b[4];
-      group.dequant(words[j], j, b);
-      Dtype<T>::mma(acc[2 * j], a, b[0], b[1]);
-      Dtype<T>::mma(acc[2 * j + 1], a, b[2], b[3]);
+      ldmatrix_x2(x, x_chunk + 32 * t);
     }
   }
 
   __device__ __forceinline__ void store(float (&sums)[kRows][64]) {
 #pragma unroll
-    for (int s = 0; s < 8; ++s)
+    for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) sums[lane / 4 + 8 * (i / 2)][8 * s + 2 * (lane % 4) + i % 2] = acc[s][i];
+      for (int b = 0; b < kTokenBlocks; ++b)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) sums[8 * b + 2 * (lane % 4) + i % 2][16 * j + lane / 4 + 8 * (i / 2)] = acc[j][b][i];
+  }
+};
+
+// The codes go into the mma as they are, biased and unscaled. OR-ing a nibble q into the top 4 mantissa bits
+// of a power of two 2^m (m = 10 fp16, 7 bf16; kMagic) gives the exact value 2^m + 2^p q with p = m - 4, that
+// is 2^p (16 + q): one shift and one lop3 a pair. One more mma a tile and token block, against ones, gives
+// each token's activation sum S. At the end of each quantization group its scale and zero point are applied
+// to the fp32 sums: acc += s 2^-p (D - 2^p (16 + z) S), D the group's biased products. Products of fp16/bf16
+// values are exact in fp32; the bias of 16 costs a few of the 24 bits of the sums, below the output's
+// rounding (a bias of 1024, the low nibble of fp16's magic, made fp16 errors 1.6-3.4x the torch reference's
+// on activations of mean 3). Measured on an H200 (g128, benchmarks/results/2026-12-01-decode-tokens-as-b.md):
+// M = 2..8 21-32% less time than dequantizing each pair with its scale first (then 8 mma a tile, tokens as A);
+// M = 1 2-13% less than the fp32 FMA path on the CUDA cores that it replaces (one AND and one FFMA a
+// weight; ncu, 7B-qkv: 3.4M instructions against 5.4M), except at g32 (3-5% slower). Two token blocks
+// (M = 9..16) hold 64 fp32 sums a lane and need 164-168 registers: 3 blocks an SM; against dequantizing
+// first at 4 blocks an SM (128 registers, where these sums spilled), 6-22% faster on the qkv and up layers,
+// 4% slower to 4% faster on the down layers.
+template <typename T, bool kHasZeros, int kTokenBlocks>
+struct ScaleAfterMma : TokensOnTensorCores<T, kTokenBlocks> {
+  using Base = TokensOnTensorCores<T, kTokenBlocks>;
+  using Base::Base;
+  static constexpr int kBlocksPerSm = kTokenBlocks == 1 ? 4 : 3;  // for __launch_bounds__
+  static constexpr int kCodeBit = std::is_same<T, half>::value ? 6 : 3;  // p: where q sits in the mantissa
+  static constexpr float kUnit = 1 << kCodeBit;                           // 2^p
+  float partial[4][kTokenBlocks][4] = {};  // the current group's D, laid out as acc
+  float token_sums[kTokenBlocks][2] = {};  // its S of tokens 8b + 2(lane % 4) + {0, 1}
+  GroupParams params;        // its scales and zero points, read as it starts, used as it ends
+
+  __device__ __forceinline__ void start_group(int tile) {
+    params = load_group_params<kHasZeros>(this->args, tile, this->column_tile, this->lane);
+  }
+
+  __device__ __forceinline__ void multiply_tile(const uint4& w, int, int t) {
+    uint32_t x[2 * kTokenBlocks];
+    this->load_tokens(t, x);
+    const uint32_t ones[4] = {Dtype<T>::kOnes, Dtype<T>::kOnes, Dtype<T>::kOnes, Dtype<T>::kOnes};
+#pragma unroll
+    for (int nb = 0; nb < kTokenBlocks; ++nb) {
+      float s[4] = {token_sums[nb][0], token_sums[nb][1], 0.f, 0.f};  // rows 8-15 repeat rows 0-7
+      Dtype<T>::mma(s, ones, x[2 * nb], x[2 * nb + 1]);
+      token_sums[nb][0] = s[0], token_sums[nb][1] = s[1];
+    }
+    constexpr uint32_t kMask = 0x000f000fu << kCodeBit;
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      // nibbles {i, i + 4} (bits 4i.., 4i + 16..) moved to bits p.., p + 16..: the pairs b0b1 of subtile 2j,
+      // b2b3 of 2j, b0b1 of 2j + 1, b2b3 of 2j + 1
+      uint32_t b[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t moved = 4 * i >= kCodeBit ? words[j] >> (4 * i - kCodeBit) : words[j] << (kCodeBit - 4 * i);
+        b[i] = mask_or(moved, kMask, Dtype<T>::kMagic);
+      }
+      const uint32_t a[4] = {b[0], b[2], b[1], b[3]};
+#pragma unroll
+      for (int nb = 0; nb < kTokenBlocks; ++nb) Dtype<T>::mma(partial[j][nb], a, x[2 * nb], x[2 * nb + 1]);
+    }
+  }
+
+  __device__ __forceinline__ void end_group(int) {
+    const uint32_t scale_pairs[4] = {params.scales.x, params.scales.y, params.scales.z, params.scales.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t zero_bits = word_zero_bits(params.zeros, j);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // features 16j + lane/4 + 8h: subtile 2j + h
+        const float scale = (h ? Dtype<T>::high(scale_pairs[j]) : Dtype<T>::low(scale_pairs[j])) / kUnit;
+        const float offset = -kUnit * (16.f + (float)((zero_bits >> (4 * h)) & 0xf));
+#pragma unroll
+        for (int nb = 0; nb < kTokenBlocks; ++nb)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            float& d = partial[j][nb][2 * h + c];
+            this->acc[j][nb][2 * h + c] = fmaf(scale, fmaf(offset, token_sums[nb][c], d), this->acc[j][nb][2 * h + c]);
+            d = 0.f;
+          }
+      }
+    }
+#pragma unroll
+    for (int nb = 0; nb < kTokenBlocks; ++nb) token_sums[nb][0] = token_sums[nb][1] = 0.f;
   }
 };
 
@@ -327,8 +282,13 @@ __device__ __forceinline__ float2 load_from_block(const float* local, int rank) 
   return v;
 }
 
+template <typename T, bool kHasZeros>
+using OneTokenBlock = ScaleAfterMma<T, kHasZeros, 1>;
+template <typename T, bool kHasZeros>
+using TwoTokenBlocks = ScaleAfterMma<T, kHasZeros, 2>;
+
 template <typename T, template <typename, bool> class Math, int kGroupTiles, bool kHasZeros>
-__global__ void __launch_bounds__(kWarps * 32, kBlocksPerSm)
+__global__ void __launch_bounds__(kWarps * 32, Math<T, kHasZeros>::kBlocksPerSm)
     marlin_decode_kernel(const GemmArgs args, int splits, bool clustered) {
   using Multiplier = Math<T, kHasZeros>;
   __shared__ union {  // the warps' staging while they stream, then their sums
@@ -489,8 +449,8 @@ const char* dispatch_group(const GemmArgs& args, const DecodePlan& plan, cudaStr
 
 template <typename T>
 const char* dispatch_rows(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
-  return args.M == 1 ? dispatch_group<T, RowOnCudaCores>(args, plan, stream)
-                     : dispatch_group<T, RowsOnTensorCores>(args, plan, stream);
+  return args.M <= 8 ? dispatch_group<T, OneTokenBlock>(args, plan, stream)
+                     : dispatch_group<T, TwoTokenBlocks>(args, plan, stream);
 }
 
 }  // namespace

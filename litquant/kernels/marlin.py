@@ -8,8 +8,8 @@ scales and zero points permuted to match. act_order is handled by sorting the ro
 load and gathering the activation columns in the same order on each call.
 
 Decode (M <= 16, K a multiple of 128) streams the weights straight into registers
-(csrc/marlin/decode.cu): one activation row on the CUDA cores, in fp32, with the nibbles read as denormal
-floats; 2..16 rows on mma.sync. Larger M takes mma.sync with a shared-memory pipeline
+(csrc/marlin/decode.cu) and multiplies them on mma.sync with the tokens as the 8-wide operand, the codes
+biased and unscaled, each group's scale and zero point applied to the fp32 sums. Larger M takes mma.sync with a shared-memory pipeline
 (csrc/marlin/marlin.cu, any GPU from sm_80) or, on Hopper past the decode sizes (M > 16, or > 32 for
 layers with many columns), wgmma (csrc/marlin/wgmma.cu); the op picks one per call. For many rows
 (M >= `dense_from_m`, by GPU) the weight is dequantized once per call and multiplied by cuBLAS, when
@@ -137,7 +137,7 @@ def load_ops(device: torch.device = None):
 
 class MarlinQuantLinear(QuantLinear):
     name = "marlin"
-    description = ("fused 4-bit GEMM (Marlin-class; CUDA cores at M=1), 8-bit as two 4-bit planes, fp16/bf16, sm_80+; "
+    description = ("fused 4-bit GEMM (Marlin-class, tensor cores), 8-bit as two 4-bit planes, fp16/bf16, sm_80+; "
                    "built on first use")
     bits = (4, 8)
     auto_bits = (4,)  # 8-bit decode (M = 1) is faster on triton: benchmarks/results/2026-12-01-kernels-8bit.md
