@@ -4,10 +4,9 @@
 // weights go from global memory straight into registers (no shared-memory staging, no block barriers
 // in the loop), at 16 warps per SM (12 with two token blocks).
 //
-// The multiplication (ScaleAfterMma) runs on mma.sync with the tokens as the B operand, 8 tokens an
-// instruction, one or two blocks of 8 (see TokensOnTensorCores): the codes go into the mma biased and
-// unscaled (one shift and one lop3 a pair), and each quantization group's scale and zero point are applied
-// to its fp32 sums.
+// The multiplication (TokensOnTensorCores) runs on mma.sync with the tokens as the B operand, 8 tokens an
+// instruction, one or two blocks of 8: the codes go into the mma biased and unscaled (one shift and one lop3
+// a pair), and each quantization group's scale and zero point are applied to its fp32 sums.
 // Work split: a block of kWarps warps takes one 64-column tile and one of `splits` k ranges; its warps
 //   take consecutive 128-row chunks of that range. A warp streams its chunks through a ring of 8
 //   registers (uint4), each refilled with the next chunk's tile as soon as it is read: 4 KB a warp in
@@ -61,13 +60,7 @@ __device__ __forceinline__ GroupParams load_group_params(const GemmArgs& args, i
   return p;
 }
 
-// The multiplier that stream_chunks drives (ScaleAfterMma) keeps its accumulators and a warp's shared memory
-// (Staging), and provides: begin (before the warp's run of chunks), start_chunk, start_group / end_group (at
-// the first and the last tile of each quantization group), multiply_tile (one 16 x 64 weight tile, one uint4
-// a lane; given the tile's index along K and its place in the chunk) and store (the warp's sums, as plain
-// values, into a [kRows][64] tile).
-
-// The tokens' side of the multiplication: they are mma's B operand (16 k x 8 tokens) and the weight its
+// The multiplication. The tokens are mma's B operand (16 k x 8 tokens) and the weight its
 // A operand (16 output features x 16 k), as in wgmma.cu: word j of a lane's uint4 holds the B fragments of
 // subtiles 2j and 2j + 1 (marlin.cu), which are together the A fragment of features 16j..16j+15, in the
 // register order {b0b1 of 2j, b0b1 of 2j+1, b2b3 of 2j, b2b3 of 2j+1}. So one mma.m16n8k16 covers 16
@@ -79,9 +72,32 @@ __device__ __forceinline__ GroupParams load_group_params(const GemmArgs& args, i
 // (their warp w takes the same chunks) at about the same time. ldmatrix reads the B fragments. (A
 // fragments read straight from global memory cost 8 cache lines a load, as the rows are K apart:
 // 25-40% slower at M = 16, benchmarks/results/2026-11-30-marlin-decode-tc.md.)
-template <typename T, int kTokenBlocks>
+//
+// The codes go into the mma as they are, biased and unscaled. OR-ing a nibble q into the top 4 mantissa bits
+// of a power of two 2^m (m = 10 fp16, 7 bf16; kMagic) gives the exact value 2^m + 2^p q with p = m - 4, that
+// is 2^p (16 + q): one shift and one lop3 a pair. One more mma a tile and token block, against ones, gives
+// each token's activation sum S. At the end of each quantization group its scale and zero point are applied
+// to the fp32 sums: acc += s 2^-p (D - 2^p (16 + z) S), D the group's biased products. Products of fp16/bf16
+// values are exact in fp32; the bias of 16 costs a few of the 24 bits of the sums, below the output's
+// rounding (a bias of 1024, the low nibble of fp16's magic, made fp16 errors 1.6-3.4x the torch reference's
+// on activations of mean 3). Measured on an H200 (g128, benchmarks/results/2026-12-01-decode-tokens-as-b.md):
+// M = 2..8 21-32% less time than dequantizing each pair with its scale first (then 8 mma a tile, tokens as A);
+// M = 1 2-13% less than the fp32 FMA path on the CUDA cores that it replaces (one AND and one FFMA a
+// weight; ncu, 7B-qkv: 3.4M instructions against 5.4M), except at g32 (3-5% slower). Two token blocks
+// (M = 9..16) hold 64 fp32 sums a lane and need 164-168 registers: 3 blocks an SM; against dequantizing
+// first at 4 blocks an SM (128 registers, where these sums spilled), 6-22% faster on the qkv and up layers,
+// 4% slower to 4% faster on the down layers.
+//
+// stream_chunks drives it through begin (before the warp's run of chunks), start_chunk, start_group /
+// end_group (at the first and the last tile of each quantization group), multiply_tile (one 16 x 64 weight
+// tile, one uint4 a lane; given the tile's index along K and its place in the chunk) and store (the warp's
+// sums, as plain values, into a [kRows][64] tile); a warp's shared memory is its Staging.
+template <typename T, bool kHasZeros, int kTokenBlocks>
 struct TokensOnTensorCores {
   static constexpr int kRows = 8 * kTokenBlocks;
+  static constexpr int kBlocksPerSm = kTokenBlocks == 1 ? 4 : 3;  // for __launch_bounds__
+  static constexpr int kCodeBit = std::is_same<T, half>::value ? 6 : 3;  // p: where q sits in the mantissa
+  static constexpr float kUnit = 1 << kCodeBit;                           // 2^p
   // Per warp, two chunks of activations: kRows rows x 16 uint4 (128 k values), rows padded to 17 uint4 so
   // that the 8 rows an ldmatrix matrix reads fall in 8 different bank groups.
   static constexpr int kRowStride = 17;
@@ -97,6 +113,9 @@ struct TokensOnTensorCores {
   uint32_t x_chunk = 0;  // read_from in the current chunk's buffer
   // word j, token block b: features 16j + lane/4 + {0, 8} x tokens 8b + 2(lane % 4) + {0, 1}
   float acc[4][kTokenBlocks][4] = {};
+  float partial[4][kTokenBlocks][4] = {};  // the current group's D, laid out as acc
+  float token_sums[kTokenBlocks][2] = {};  // its S of tokens 8b + 2(lane % 4) + {0, 1}
+  GroupParams params;                      // its scales and zero points, read as it starts, used as it ends
 
   __device__ TokensOnTensorCores(const GemmArgs& a, int col, Staging& st)
       : args(a),
@@ -154,40 +173,14 @@ struct TokensOnTensorCores {
 #pragma unroll
         for (int i = 0; i < 4; ++i) sums[8 * b + 2 * (lane % 4) + i % 2][16 * j + lane / 4 + 8 * (i / 2)] = acc[j][b][i];
   }
-};
-
-// The codes go into the mma as they are, biased and unscaled. OR-ing a nibble q into the top 4 mantissa bits
-// of a power of two 2^m (m = 10 fp16, 7 bf16; kMagic) gives the exact value 2^m + 2^p q with p = m - 4, that
-// is 2^p (16 + q): one shift and one lop3 a pair. One more mma a tile and token block, against ones, gives
-// each token's activation sum S. At the end of each quantization group its scale and zero point are applied
-// to the fp32 sums: acc += s 2^-p (D - 2^p (16 + z) S), D the group's biased products. Products of fp16/bf16
-// values are exact in fp32; the bias of 16 costs a few of the 24 bits of the sums, below the output's
-// rounding (a bias of 1024, the low nibble of fp16's magic, made fp16 errors 1.6-3.4x the torch reference's
-// on activations of mean 3). Measured on an H200 (g128, benchmarks/results/2026-12-01-decode-tokens-as-b.md):
-// M = 2..8 21-32% less time than dequantizing each pair with its scale first (then 8 mma a tile, tokens as A);
-// M = 1 2-13% less than the fp32 FMA path on the CUDA cores that it replaces (one AND and one FFMA a
-// weight; ncu, 7B-qkv: 3.4M instructions against 5.4M), except at g32 (3-5% slower). Two token blocks
-// (M = 9..16) hold 64 fp32 sums a lane and need 164-168 registers: 3 blocks an SM; against dequantizing
-// first at 4 blocks an SM (128 registers, where these sums spilled), 6-22% faster on the qkv and up layers,
-// 4% slower to 4% faster on the down layers.
-template <typename T, bool kHasZeros, int kTokenBlocks>
-struct ScaleAfterMma : TokensOnTensorCores<T, kTokenBlocks> {
-  using Base = TokensOnTensorCores<T, kTokenBlocks>;
-  using Base::Base;
-  static constexpr int kBlocksPerSm = kTokenBlocks == 1 ? 4 : 3;  // for __launch_bounds__
-  static constexpr int kCodeBit = std::is_same<T, half>::value ? 6 : 3;  // p: where q sits in the mantissa
-  static constexpr float kUnit = 1 << kCodeBit;                           // 2^p
-  float partial[4][kTokenBlocks][4] = {};  // the current group's D, laid out as acc
-  float token_sums[kTokenBlocks][2] = {};  // its S of tokens 8b + 2(lane % 4) + {0, 1}
-  GroupParams params;        // its scales and zero points, read as it starts, used as it ends
 
   __device__ __forceinline__ void start_group(int tile) {
-    params = load_group_params<kHasZeros>(this->args, tile, this->column_tile, this->lane);
+    params = load_group_params<kHasZeros>(args, tile, column_tile, lane);
   }
 
   __device__ __forceinline__ void multiply_tile(const uint4& w, int, int t) {
     uint32_t x[2 * kTokenBlocks];
-    this->load_tokens(t, x);
+    load_tokens(t, x);
     const uint32_t ones[4] = {Dtype<T>::kOnes, Dtype<T>::kOnes, Dtype<T>::kOnes, Dtype<T>::kOnes};
 #pragma unroll
     for (int nb = 0; nb < kTokenBlocks; ++nb) {
@@ -227,7 +220,7 @@ struct ScaleAfterMma : TokensOnTensorCores<T, kTokenBlocks> {
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             float& d = partial[j][nb][2 * h + c];
-            this->acc[j][nb][2 * h + c] = fmaf(scale, fmaf(offset, token_sums[nb][c], d), this->acc[j][nb][2 * h + c]);
+            acc[j][nb][2 * h + c] = fmaf(scale, fmaf(offset, token_sums[nb][c], d), acc[j][nb][2 * h + c]);
             d = 0.f;
           }
       }
@@ -282,15 +275,10 @@ __device__ __forceinline__ float2 load_from_block(const float* local, int rank) 
   return v;
 }
 
-template <typename T, bool kHasZeros>
-using OneTokenBlock = ScaleAfterMma<T, kHasZeros, 1>;
-template <typename T, bool kHasZeros>
-using TwoTokenBlocks = ScaleAfterMma<T, kHasZeros, 2>;
-
-template <typename T, template <typename, bool> class Math, int kGroupTiles, bool kHasZeros>
-__global__ void __launch_bounds__(kWarps * 32, Math<T, kHasZeros>::kBlocksPerSm)
+template <typename T, int kTokenBlocks, int kGroupTiles, bool kHasZeros>
+__global__ void __launch_bounds__(kWarps * 32, TokensOnTensorCores<T, kHasZeros, kTokenBlocks>::kBlocksPerSm)
     marlin_decode_kernel(const GemmArgs args, int splits, bool clustered) {
-  using Multiplier = Math<T, kHasZeros>;
+  using Multiplier = TokensOnTensorCores<T, kHasZeros, kTokenBlocks>;
   __shared__ union {  // the warps' staging while they stream, then their sums
     typename Multiplier::Staging staging[kWarps];
     float sums[kWarps][Multiplier::kRows][64];
@@ -428,29 +416,28 @@ DecodePlan plan_decode(const DeviceInfo& device, int K, int N) {
   return {splits, decode_launch_dependent(device, N / 64 * splits), decode_clustered(device, splits)};
 }
 
-template <typename T, template <typename, bool> class Math, int kGroupTiles>
+template <typename T, int kTokenBlocks, int kGroupTiles>
 const char* launch(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
-  auto kernel = args.zeros ? marlin_decode_kernel<T, Math, kGroupTiles, true>
-                           : marlin_decode_kernel<T, Math, kGroupTiles, false>;
+  auto kernel = args.zeros ? marlin_decode_kernel<T, kTokenBlocks, kGroupTiles, true>
+                           : marlin_decode_kernel<T, kTokenBlocks, kGroupTiles, false>;
   const cudaError_t err =
       launch_dependent(kernel, dim3(args.N / 64, plan.splits), dim3(kWarps * 32), 0, stream, plan.dependent,
                        plan.clustered ? plan.splits : 1, args, plan.splits, plan.clustered);
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
-template <typename T, template <typename, bool> class Math>
+template <typename T, int kTokenBlocks>
 const char* dispatch_group(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
   switch (args.group_shift) {  // a group every 2, 4 or 8 tiles (one group over K: every chunk)
-    case 5: return launch<T, Math, 2>(args, plan, stream);
-    case 6: return launch<T, Math, 4>(args, plan, stream);
-    default: return launch<T, Math, 8>(args, plan, stream);
+    case 5: return launch<T, kTokenBlocks, 2>(args, plan, stream);
+    case 6: return launch<T, kTokenBlocks, 4>(args, plan, stream);
+    default: return launch<T, kTokenBlocks, 8>(args, plan, stream);
   }
 }
 
 template <typename T>
 const char* dispatch_rows(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
-  return args.M <= 8 ? dispatch_group<T, OneTokenBlock>(args, plan, stream)
-                     : dispatch_group<T, TwoTokenBlocks>(args, plan, stream);
+  return args.M <= 8 ? dispatch_group<T, 1>(args, plan, stream) : dispatch_group<T, 2>(args, plan, stream);
 }
 
 }  // namespace
