@@ -163,6 +163,18 @@ def test_k_is_padded_when_neither_dimension_is_a_multiple_of_128():
     assert marlin_module(random_quantized_weight(192, 256, 64, True, False), torch.float16).padded_in_features == 192
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_zero_scales_become_scale_one_with_the_codes_at_the_zero_point(dtype):
+    """The decode kernel divides by the scales: a group of scale 0 must reach it as scale 1 with q = z, the same
+    (zero) weights."""
+    qw = random_quantized_weight(256, 128, 64, sym=False, act_order=True)
+    qw.scales[1, 5] = 0
+    qw.scales[3, :70] = 0
+    module = marlin_module(qw, dtype)
+    assert (module.scales != 0).all()
+    assert torch.equal(emulate_dequant(module, dtype), expected_weight(qw, dtype, module.perm.long()))
+
+
 def test_act_order_permutes_rows_and_columns_consistently():
     qw = random_quantized_weight(256, 64, 64, sym=False, act_order=True)
     module = marlin_module(qw, torch.bfloat16)
@@ -230,7 +242,7 @@ def test_contract():
 # GPU: outputs against the torch reference kernel
 # ------------------------------------------------------------------------------------------------
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2}  # ||out - ref|| / ||ref||
-ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 64, 100, 150, 255, 256, 300, 600, 800, 1024, 4096)
+ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 24, 32, 33, 64, 100, 150, 255, 256, 300, 600, 800, 1024, 4096)
 LLAMA_SHAPES = [(4096, 12288), (4096, 11008), (11008, 4096), (8192, 28672), (4096, 14336)]
 SMALL_SHAPES = [(64, 64), (128, 192), (192, 320), (576, 960), (320, 128), (256, 384), (384, 256)]
 
@@ -299,6 +311,18 @@ def test_gpu_every_configuration(dtype, group_size, act_order, sym):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_groups_of_scale_zero(dtype):
+    """Groups whose weights are all 0 (scale 0; `without_zero_scales`), a whole 64-column tile of them too, on
+    every path: the decode path keeps its sums in units of the group's scale."""
+    qw = random_quantized_weight(1024, 768, 128, sym=False, act_order=True, device="cuda", bias=True)
+    qw.scales[2] = 0
+    qw.scales[:, 64:128] = 0
+    qw.scales[5, 7] = 0
+    check_rows(qw, dtype, ROWS)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", LLAMA_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_gpu_llama_shapes(dtype, shape):
     qw = random_quantized_weight(*shape, 128, sym=dtype == torch.float16, act_order=dtype == torch.bfloat16,
@@ -340,15 +364,15 @@ def test_gpu_small_shapes(shape, group_size):
 @pytest.mark.parametrize("shape", [(4096, 11008), (8192, 28672), (384, 256)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_gpu_fused_paths_are_as_accurate_as_the_reference(dtype, group_size, sym, shape):
     """Against the exact product (fp64), no fused path's error may exceed the torch reference's by more than
-    10%: M = 1..8 multiplies the biased codes (1024 + q or 128 + q) on the tensor cores and applies zero point and
-    scale per group to the fp32 sums, which activations of a large mean stress (the bias times their sum is most
-    of each sum); larger M dequantizes per pair, on mma.sync (decode.cu up to 16 rows, marlin.cu) or (Hopper,
-    past 16 or 32 rows) wgmma."""
+    10%: M = 1..32 (decode.cu) multiplies the biased codes (2^p (16 + q)) on the tensor cores and applies zero
+    point and scale per group to the fp32 sums, kept in units of the group's scale, which activations of a large
+    mean stress (the bias times their sum is most of each sum); larger M dequantizes per pair, on mma.sync
+    (marlin.cu) or (Hopper) wgmma."""
     qw = random_quantized_weight(*shape, group_size, sym=sym, act_order=False, device="cuda")
     module, ref = marlin_module(qw, dtype), torch_reference(qw, dtype)
     g = qw.g_idx.long()
     w_exact = (qw.codes.double() - qw.zeros.double()[g]) * qw.scales.to(dtype).double()[g]
-    for m in (1, 5, 8, 16, 32, 64, 256):
+    for m in (1, 5, 8, 16, 24, 32, 64, 256):
         for mean in (0.0, 3.0):
             x = torch.randn(m, shape[0], device="cuda", dtype=dtype) + mean
             exact = x.double() @ w_exact

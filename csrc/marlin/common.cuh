@@ -1,5 +1,5 @@
 // Device helpers shared by the marlin kernels (marlin.cu: mma.sync, any GPU from sm_80; decode.cu: up
-// to 16 rows, any GPU from sm_80; wgmma.cu: Hopper): PTX wrappers, the per-dtype mma and
+// to 16 or 32 rows, any GPU from sm_80; wgmma.cu: Hopper): PTX wrappers, the per-dtype mma and
 // dequantization, the kernel arguments, and the GPU facts that the launches need. The weight layout
 // and the dequantization trick are described in marlin.cu.
 #pragma once
@@ -286,10 +286,10 @@ cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, s
   return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
 }
 
-// The decode path (decode.cu) for up to 16 activation rows (and K a multiple of 128): `decode_serves`
-// says whether it takes the call, `decode_partial_floats` is the fp32 scratch it needs and
+// The decode path (decode.cu) for up to 16 activation rows, 32 on wide layers (and K a multiple of 128):
+// `decode_serves` says whether it takes the call, `decode_partial_floats` is the fp32 scratch it needs and
 // `decode_gemm` runs it.
-bool decode_serves(int M, int K);
+bool decode_serves(int M, int K, int N);
 int64_t decode_partial_floats(const DeviceInfo& device, int M, int K, int N);
 const char* decode_gemm(const GemmArgs& args, bool is_bf16, const DeviceInfo& device, cudaStream_t stream);
 

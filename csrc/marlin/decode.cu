@@ -1,16 +1,16 @@
-// The marlin kernel's decode path: M = 1..16 activation rows (token-by-token decode, small batches,
+// The marlin kernel's decode path: M = 1..32 activation rows (token-by-token decode, small batches,
 // speculative drafts), on the same 4-bit marlin layout as marlin.cu. At these sizes a layer is a
 // stream of weight bytes: what counts is the bytes in flight and the instructions per weight, so the
 // weights go from global memory straight into registers (no shared-memory staging, no block barriers
-// in the loop), at 16 warps per SM (12 with two token blocks).
+// in the loop), at 16 warps per SM (12 with two token blocks, 8 with four).
 //
 // The multiplication (TokensOnTensorCores) runs on mma.sync with the tokens as the B operand, 8 tokens an
-// instruction, one or two blocks of 8: the codes go into the mma biased and unscaled (one shift and one lop3
-// a pair), and each quantization group's scale and zero point are applied to its fp32 sums.
+// instruction, one, two or four blocks of 8: the codes go into the mma biased and unscaled (one shift and one
+// lop3 a pair), and each quantization group's scale and zero point are applied to its fp32 sums.
 // Work split: a block of kWarps warps takes one 64-column tile and one of `splits` k ranges; its warps
 //   take consecutive 128-row chunks of that range. A warp streams its chunks through a ring of 8
 //   registers (uint4), each refilled with the next chunk's tile as soon as it is read: 4 KB a warp in
-//   flight, 64 KB an SM at 4 blocks (48 KB at 3 for two token blocks; a deeper ring, 8-16 tiles in shared memory filled by cp.async, was
+//   flight, 64 KB an SM at 4 blocks (a deeper ring, 8-16 tiles in shared memory filled by cp.async, was
 //   slower on nearly every layer, by up to 22%: benchmarks/results/2026-12-01-decode-streaming.md).
 //   Warps add up through shared memory; with several splits, each block writes fp32 partial sums and
 //   the last block of a column tile to finish (counted on its lock, which it then resets to zero) adds
@@ -26,12 +26,16 @@ namespace litquant_marlin {
 namespace {
 
 constexpr int kWarps = 4;
-// Blocks resident per SM with one token block (M <= 8): __launch_bounds__ then allows 128 registers a
-// thread. Measured on an H200, 70B-up at M = 1 (on the former fp32 path): 67.8 us at 4 blocks against
-// 76-79 us at 3 (159 registers). The split plan below counts these; two token blocks run 3 an SM.
-constexpr int kBlocksPerSm = 4;
 constexpr int kChunkTiles = 8;  // k16 tiles per chunk: 128 rows, 8 uint4 per lane
-constexpr int kMaxRows = 16;    // two blocks of 8 tokens
+constexpr int kMaxRows = 32;    // four blocks of 8 tokens
+
+// Blocks resident per SM for M rows (the multiplier's __launch_bounds__, and what the split plan counts):
+// 4 for one token block (128 registers a thread; measured on an H200, 70B-up at M = 1 on the former fp32
+// path: 67.8 us at 4 blocks against 76-79 us at 3), 3 for two (168 registers; at 4 blocks they spill, and 4 of
+// the 6 Llama-2 layers ran 1-6% slower at M = 12 and 16, 70B-down 6-8% faster), 2 for four (255 registers; at 3
+// they spill, and 70B-up ran 13-15% slower at M = 24 and 32, 7B-qkv 8% faster;
+// benchmarks/results/2026-12-01-decode-32-rows.md).
+constexpr int blocks_per_sm(int rows) { return rows <= 8 ? 4 : rows <= 16 ? 3 : 2; }
 
 // 16 bytes read once (not kept in L1), if `valid`; else nothing is read and the value is undefined.
 __device__ __forceinline__ uint4 load_streaming(const uint4* p, bool valid) {
@@ -44,6 +48,13 @@ __device__ __forceinline__ uint4 load_streaming(const uint4* p, bool valid) {
   return r;
 }
 
+// 1 / v to within an ulp (one MUFU instruction, denormals flushed).
+__device__ __forceinline__ float reciprocal(float v) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(v));
+  return r;
+}
+
 // A lane's scales (its 8 columns, in pairs) and zero points (nibbles) of the quantization group of `tile`,
 // read at (group, 64-column tile, lane/4) of the permuted scales and the packed zero points.
 struct GroupParams {
@@ -51,9 +62,10 @@ struct GroupParams {
   uint2 zeros;
 };
 
+// (A tile past K, the one after a warp's last group, reads the last group's.)
 template <bool kHasZeros>
 __device__ __forceinline__ GroupParams load_group_params(const GemmArgs& args, int tile, int column_tile, int lane) {
-  const int group = args.group_shift < 0 ? 0 : (tile * 16) >> args.group_shift;
+  const int group = args.group_shift < 0 ? 0 : (min(tile, args.K / 16 - 1) * 16) >> args.group_shift;
   const size_t at = (size_t)group * (args.N / 8) + column_tile * 8 + lane / 4;
   GroupParams p{__ldg(args.scales + at), make_uint2(kSymmetricZeros, kSymmetricZeros)};
   if constexpr (kHasZeros) p.zeros = __ldg(args.zeros + at);
@@ -76,26 +88,31 @@ __device__ __forceinline__ GroupParams load_group_params(const GemmArgs& args, i
 // The codes go into the mma as they are, biased and unscaled. OR-ing a nibble q into the top 4 mantissa bits
 // of a power of two 2^m (m = 10 fp16, 7 bf16; kMagic) gives the exact value 2^m + 2^p q with p = m - 4, that
 // is 2^p (16 + q): one shift and one lop3 a pair. One more mma a tile and token block, against ones, gives
-// each token's activation sum S. At the end of each quantization group its scale and zero point are applied
-// to the fp32 sums: acc += s 2^-p (D - 2^p (16 + z) S), D the group's biased products. Products of fp16/bf16
-// values are exact in fp32; the bias of 16 costs a few of the 24 bits of the sums, below the output's
-// rounding (a bias of 1024, the low nibble of fp16's magic, made fp16 errors 1.6-3.4x the torch reference's
-// on activations of mean 3). Measured on an H200 (g128, benchmarks/results/2026-12-01-decode-tokens-as-b.md):
+// each token's activation sum S. The group's products D are then s 2^-p (D - 2^p (16 + z) S), for scale s
+// and zero point z. Products of fp16/bf16 values are exact in fp32; the bias of 16 costs a few of the 24
+// bits of the sums, below the output's rounding (a bias of 1024, the low nibble of fp16's magic, made fp16
+// errors 1.6-3.4x the torch reference's on activations of mean 3).
+// The sums stay in the units of the group being multiplied: while group g runs, acc holds (the sums of the
+// groups before) / s_g, and its mma add D_g straight into acc; at its end
+//     acc <- (s_g / s_g+1) (acc - 2^p (16 + z_g) S)
+// which is (the sums up to g) / s_g+1, and the warp's last group ends with the scale of the group after it
+// (`next`, read a group ahead; past K, the last one), which `store` multiplies back. So one set of fp32 sums
+// a lane, not two (the running sums and the group's D): 64 registers less with four token blocks. Scales
+// must not be 0 (MarlinQuantLinear makes such groups' codes equal their zero point and their scale 1).
+// Measured on an H200 (g128, benchmarks/results/2026-12-01-decode-tokens-as-b.md):
 // M = 2..8 21-32% less time than dequantizing each pair with its scale first (then 8 mma a tile, tokens as A);
 // M = 1 2-13% less than the fp32 FMA path on the CUDA cores that it replaces (one AND and one FFMA a
-// weight; ncu, 7B-qkv: 3.4M instructions against 5.4M), except at g32 (3-5% slower). Two token blocks
-// (M = 9..16) hold 64 fp32 sums a lane and need 164-168 registers: 3 blocks an SM; against dequantizing
-// first at 4 blocks an SM (128 registers, where these sums spilled), 6-22% faster on the qkv and up layers,
-// 4% slower to 4% faster on the down layers.
+// weight; ncu, 7B-qkv: 3.4M instructions against 5.4M), except at g32 (3-5% slower).
 //
 // stream_chunks drives it through begin (before the warp's run of chunks), start_chunk, start_group /
 // end_group (at the first and the last tile of each quantization group), multiply_tile (one 16 x 64 weight
-// tile, one uint4 a lane; given the tile's index along K and its place in the chunk) and store (the warp's
-// sums, as plain values, into a [kRows][64] tile); a warp's shared memory is its Staging.
+// tile, one uint4 a lane; given its place in the chunk) and store (the warp's sums, as plain values, into a
+// [kRows][64] tile); a warp's shared memory is its Staging.
 template <typename T, bool kHasZeros, int kTokenBlocks>
 struct TokensOnTensorCores {
+  using Element = T;
   static constexpr int kRows = 8 * kTokenBlocks;
-  static constexpr int kBlocksPerSm = kTokenBlocks == 1 ? 4 : 3;  // for __launch_bounds__
+  static constexpr int kBlocksPerSm = blocks_per_sm(kRows);
   static constexpr int kCodeBit = std::is_same<T, half>::value ? 6 : 3;  // p: where q sits in the mantissa
   static constexpr float kUnit = 1 << kCodeBit;                           // 2^p
   // Per warp, two chunks of activations: kRows rows x 16 uint4 (128 k values), rows padded to 17 uint4 so
@@ -105,6 +122,7 @@ struct TokensOnTensorCores {
     uint4 x[2][kRows * kRowStride];
   };
   static constexpr uint32_t kBufferBytes = sizeof(Staging) / 2;
+  static constexpr uint32_t kSixteenRowBytes = 16 * kRowStride * 16;  // from one ldmatrix_x4 to the next
   const GemmArgs& args;
   const int lane, column_tile;
   const uint32_t copy_to;    // shared address of the lane's first copy (row lane/16, k/8 = lane % 16), buffer 0
@@ -113,9 +131,8 @@ struct TokensOnTensorCores {
   uint32_t x_chunk = 0;  // read_from in the current chunk's buffer
   // word j, token block b: features 16j + lane/4 + {0, 8} x tokens 8b + 2(lane % 4) + {0, 1}
   float acc[4][kTokenBlocks][4] = {};
-  float partial[4][kTokenBlocks][4] = {};  // the current group's D, laid out as acc
-  float token_sums[kTokenBlocks][2] = {};  // its S of tokens 8b + 2(lane % 4) + {0, 1}
-  GroupParams params;                      // its scales and zero points, read as it starts, used as it ends
+  float token_sums[kTokenBlocks][2] = {};  // the current group's S of tokens 8b + 2(lane % 4) + {0, 1}
+  GroupParams params, next;                // scales and zero points of the current group and the next
 
   __device__ TokensOnTensorCores(const GemmArgs& a, int col, Staging& st)
       : args(a),
@@ -142,6 +159,7 @@ struct TokensOnTensorCores {
 
   __device__ __forceinline__ void begin(int first_chunk, int last_chunk) {
     first = first_chunk;
+    next = load_group_params<kHasZeros>(args, first * kChunkTiles, column_tile, lane);
     if (first < last_chunk) copy_chunk(first, 0);
   }
 
@@ -156,13 +174,24 @@ struct TokensOnTensorCores {
     x_chunk = read_from + ((c - first) & 1) * kBufferBytes;
   }
 
-  // The B fragments of tile t of the current chunk: x[2b], x[2b + 1] for token block b.
-  __device__ __forceinline__ void load_tokens(int t, uint32_t (&x)[2 * kTokenBlocks]) const {
-    if constexpr (kTokenBlocks == 2) {
-      ldmatrix_x4(x, x_chunk + 32 * t);
+  // The B fragments of tile t of the current chunk, {x[b][0], x[b][1]} for token block b.
+  __device__ __forceinline__ void load_tokens(int t, uint32_t (&x)[kTokenBlocks][2]) const {
+    if constexpr (kTokenBlocks == 1) {
+      ldmatrix_x2(x[0], x_chunk + 32 * t);
     } else {
-      ldmatrix_x2(x, x_chunk + 32 * t);
+#pragma unroll
+      for (int h = 0; h < kTokenBlocks / 2; ++h) {  // tokens 16h..16h+15
+        uint32_t r[4];
+        ldmatrix_x4(r, x_chunk + 32 * t + h * kSixteenRowBytes);
+        x[2 * h][0] = r[0], x[2 * h][1] = r[1], x[2 * h + 1][0] = r[2], x[2 * h + 1][1] = r[3];
+      }
     }
+  }
+
+  // The scale of feature 16j + lane/4 + 8h in `p`, as fp32.
+  static __device__ __forceinline__ float scale_of(const GroupParams& p, int j, int h) {
+    const uint32_t pair = j == 0 ? p.scales.x : j == 1 ? p.scales.y : j == 2 ? p.scales.z : p.scales.w;
+    return h ? Dtype<T>::high(pair) : Dtype<T>::low(pair);
   }
 
   __device__ __forceinline__ void store(float (&sums)[kRows][64]) {
@@ -171,21 +200,25 @@ struct TokensOnTensorCores {
 #pragma unroll
       for (int b = 0; b < kTokenBlocks; ++b)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) sums[8 * b + 2 * (lane % 4) + i % 2][16 * j + lane / 4 + 8 * (i / 2)] = acc[j][b][i];
+        for (int i = 0; i < 4; ++i)
+          sums[8 * b + 2 * (lane % 4) + i % 2][16 * j + lane / 4 + 8 * (i / 2)] =
+              acc[j][b][i] * (scale_of(next, j, i / 2) / kUnit);
   }
 
-  __device__ __forceinline__ void start_group(int tile) {
-    params = load_group_params<kHasZeros>(args, tile, column_tile, lane);
+  // `next_group` is the first tile of the group after this one.
+  __device__ __forceinline__ void start_group(int next_group) {
+    params = next;
+    next = load_group_params<kHasZeros>(args, next_group, column_tile, lane);
   }
 
-  __device__ __forceinline__ void multiply_tile(const uint4& w, int, int t) {
-    uint32_t x[2 * kTokenBlocks];
+  __device__ __forceinline__ void multiply_tile(const uint4& w, int t) {
+    uint32_t x[kTokenBlocks][2];
     load_tokens(t, x);
     const uint32_t ones[4] = {Dtype<T>::kOnes, Dtype<T>::kOnes, Dtype<T>::kOnes, Dtype<T>::kOnes};
 #pragma unroll
     for (int nb = 0; nb < kTokenBlocks; ++nb) {
       float s[4] = {token_sums[nb][0], token_sums[nb][1], 0.f, 0.f};  // rows 8-15 repeat rows 0-7
-      Dtype<T>::mma(s, ones, x[2 * nb], x[2 * nb + 1]);
+      Dtype<T>::mma(s, ones, x[nb][0], x[nb][1]);
       token_sums[nb][0] = s[0], token_sums[nb][1] = s[1];
     }
     constexpr uint32_t kMask = 0x000f000fu << kCodeBit;
@@ -202,26 +235,24 @@ struct TokensOnTensorCores {
       }
       const uint32_t a[4] = {b[0], b[2], b[1], b[3]};
 #pragma unroll
-      for (int nb = 0; nb < kTokenBlocks; ++nb) Dtype<T>::mma(partial[j][nb], a, x[2 * nb], x[2 * nb + 1]);
+      for (int nb = 0; nb < kTokenBlocks; ++nb) Dtype<T>::mma(acc[j][nb], a, x[nb][0], x[nb][1]);
     }
   }
 
-  __device__ __forceinline__ void end_group(int) {
-    const uint32_t scale_pairs[4] = {params.scales.x, params.scales.y, params.scales.z, params.scales.w};
+  __device__ __forceinline__ void end_group() {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const uint32_t zero_bits = word_zero_bits(params.zeros, j);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // features 16j + lane/4 + 8h: subtile 2j + h
-        const float scale = (h ? Dtype<T>::high(scale_pairs[j]) : Dtype<T>::low(scale_pairs[j])) / kUnit;
+        const float ratio = scale_of(params, j, h) * reciprocal(scale_of(next, j, h));
         const float offset = -kUnit * (16.f + (float)((zero_bits >> (4 * h)) & 0xf));
 #pragma unroll
         for (int nb = 0; nb < kTokenBlocks; ++nb)
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            float& d = partial[j][nb][2 * h + c];
-            acc[j][nb][2 * h + c] = fmaf(scale, fmaf(offset, token_sums[nb][c], d), acc[j][nb][2 * h + c]);
-            d = 0.f;
+            float& a = acc[j][nb][2 * h + c];
+            a = ratio * fmaf(offset, token_sums[nb][c], a);
           }
       }
     }
@@ -251,10 +282,9 @@ __device__ __forceinline__ void stream_chunks(Multiplier& math, const GemmArgs& 
     for (int t = 0; t < kChunkTiles; ++t, next += stride) {
       const uint4 w = ring[t];
       ring[t] = load_streaming(offset_by(column, next), c + 1 < last);
-      const int tile = c * kChunkTiles + t;
-      if (t % kGroupTiles == 0) math.start_group(tile);
-      math.multiply_tile(w, tile, t);
-      if ((t + 1) % kGroupTiles == 0) math.end_group(tile);
+      if (t % kGroupTiles == 0) math.start_group(c * kChunkTiles + t + kGroupTiles);
+      math.multiply_tile(w, t);
+      if ((t + 1) % kGroupTiles == 0) math.end_group();
     }
   }
 }
@@ -275,14 +305,20 @@ __device__ __forceinline__ float2 load_from_block(const float* local, int rank) 
   return v;
 }
 
-template <typename T, int kTokenBlocks, int kGroupTiles, bool kHasZeros>
-__global__ void __launch_bounds__(kWarps * 32, TokensOnTensorCores<T, kHasZeros, kTokenBlocks>::kBlocksPerSm)
+// A block's shared memory: the warps' staging while they stream, then their sums (dynamic: 68 KB with four
+// token blocks).
+template <typename Multiplier>
+union DecodeShared {
+  typename Multiplier::Staging staging[kWarps];
+  float sums[kWarps][Multiplier::kRows][64];
+};
+
+template <typename Multiplier, int kGroupTiles>
+__global__ void __launch_bounds__(kWarps * 32, Multiplier::kBlocksPerSm)
     marlin_decode_kernel(const GemmArgs args, int splits, bool clustered) {
-  using Multiplier = TokensOnTensorCores<T, kHasZeros, kTokenBlocks>;
-  __shared__ union {  // the warps' staging while they stream, then their sums
-    typename Multiplier::Staging staging[kWarps];
-    float sums[kWarps][Multiplier::kRows][64];
-  } shared;
+  using T = typename Multiplier::Element;
+  extern __shared__ uint4 dynamic_shared[];
+  DecodeShared<Multiplier>& shared = *reinterpret_cast<DecodeShared<Multiplier>*>(dynamic_shared);
   __shared__ bool last_block;
   allow_dependent_launch();
   const int column_tile = blockIdx.x, split = blockIdx.y, warp = threadIdx.x / 32, t = threadIdx.x;
@@ -366,18 +402,23 @@ __global__ void __launch_bounds__(kWarps * 32, TokensOnTensorCores<T, kHasZeros,
 double balance(int blocks, int sms) { return blocks / (double)(sms * ((blocks + sms - 1) / sms)); }
 
 // Splits of K (powers of two): the fewest that give at least 60% of a wave of blocks and at most 16
-// chunks a warp, while each warp keeps 2 chunks or more; then twice as many if that spreads the blocks
-// over the SMs better by a tenth or more. Measured on an H200 (bf16, g128, M = 1), the best or within 5%
-// of the best split on each Llama-2 7B/70B layer (benchmarks/results/2026-11-30-marlin-gemv.md); the last
-// step takes 70B-qkv from 2 splits (320 blocks: 2 or 3 an SM, 81%) to 4 (640: 4 or 5, 97%), 19.4 -> 18.5 us,
-// where 7B-qkv (384 -> 768 blocks) and 7B-up (344 -> 688) spread no better and were 10-12% slower
-// (benchmarks/results/2026-11-30-dependent-launch.md).
-int decode_splits(const DeviceInfo& device, int K, int N) {
-  const int column_tiles = N / 64, chunks = K / (kChunkTiles * 16), wave = kBlocksPerSm * device.sms;
+// chunks a warp per token block, while each warp keeps 2 chunks or more; then, with one token block, twice as
+// many if that spreads the blocks over the SMs better by a tenth or more. Measured on an H200 (bf16, g128,
+// M = 1), the best or within 5% of the best split on each Llama-2 7B/70B layer
+// (benchmarks/results/2026-11-30-marlin-gemv.md); the last step takes 70B-qkv from 2 splits (320 blocks: 2 or
+// 3 an SM, 81%) to 4 (640: 4 or 5, 97%), 19.4 -> 18.5 us, where 7B-qkv (384 -> 768 blocks) and 7B-up
+// (344 -> 688) spread no better and were 10-12% slower (benchmarks/results/2026-11-30-dependent-launch.md).
+// More token blocks make a chunk more work and a split's partial sums bigger: fewer splits did better there
+// (M = 16: 70B-down 2 splits 46.7 us against 49.5 at 4, 70B-qkv 21.8 against 22.2; M = 32: 7B-qkv 1 split
+// 21.3 against 23.1 at 2; benchmarks/results/2026-12-01-decode-32-rows.md).
+int decode_splits(const DeviceInfo& device, int M, int K, int N) {
+  const int column_tiles = N / 64, chunks = K / (kChunkTiles * 16), wave = blocks_per_sm(M) * device.sms;
+  const int token_blocks = M <= 8 ? 1 : M <= 16 ? 2 : 4;  // as dispatch_rows picks them
   int splits = 1;
-  while ((10 * column_tiles * splits < 6 * wave || chunks > 16 * kWarps * splits) && chunks >= 4 * kWarps * splits)
+  while ((10 * column_tiles * splits < 6 * wave || chunks > 16 * token_blocks * kWarps * splits) &&
+         chunks >= 4 * kWarps * splits)
     splits *= 2;
-  if (chunks >= 4 * kWarps * splits &&
+  if (token_blocks == 1 && chunks >= 4 * kWarps * splits &&
       balance(2 * column_tiles * splits, device.sms) >= balance(column_tiles * splits, device.sms) + 0.1)
     splits *= 2;
   return splits;
@@ -390,8 +431,8 @@ int decode_splits(const DeviceInfo& device, int K, int N) {
 // (7B-qkv 12.0 -> 13.8 us, 7B-up 17.4 -> 21.5, 70B-qkv on 2 splits 19.4 -> 23.3); at a wave or more 1-8%
 // faster (7B-down 11.9 -> 11.3, 70B-down 39.5 -> 39.0, 70B-up 68.0 -> 67.4, 7B-qkv on 4 splits 13.2 -> 12.2;
 // benchmarks/results/2026-11-30-dependent-launch.md).
-bool decode_launch_dependent(const DeviceInfo& device, int blocks) {
-  return device.dependent_launch && 10 * blocks >= 9 * kBlocksPerSm * device.sms;
+bool decode_launch_dependent(const DeviceInfo& device, int M, int blocks) {
+  return device.dependent_launch && 10 * blocks >= 9 * blocks_per_sm(M) * device.sms;
 }
 
 // Whether the k splits add up in a block cluster (sm_90 on) rather than through global memory and a lock: for
@@ -411,46 +452,61 @@ struct DecodePlan {
   bool dependent, clustered;
 };
 
-DecodePlan plan_decode(const DeviceInfo& device, int K, int N) {
-  const int splits = decode_splits(device, K, N);
-  return {splits, decode_launch_dependent(device, N / 64 * splits), decode_clustered(device, splits)};
+DecodePlan plan_decode(const DeviceInfo& device, int M, int K, int N) {
+  const int splits = decode_splits(device, M, K, N);
+  return {splits, decode_launch_dependent(device, M, N / 64 * splits), decode_clustered(device, splits)};
 }
 
-template <typename T, int kTokenBlocks, int kGroupTiles>
+template <typename Multiplier, int kGroupTiles>
 const char* launch(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
-  auto kernel = args.zeros ? marlin_decode_kernel<T, kTokenBlocks, kGroupTiles, true>
-                           : marlin_decode_kernel<T, kTokenBlocks, kGroupTiles, false>;
-  const cudaError_t err =
-      launch_dependent(kernel, dim3(args.N / 64, plan.splits), dim3(kWarps * 32), 0, stream, plan.dependent,
-                       plan.clustered ? plan.splits : 1, args, plan.splits, plan.clustered);
+  const auto kernel = marlin_decode_kernel<Multiplier, kGroupTiles>;
+  constexpr int kSmem = sizeof(DecodeShared<Multiplier>);
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (err == cudaSuccess)
+    err = launch_dependent(kernel, dim3(args.N / 64, plan.splits), dim3(kWarps * 32), kSmem, stream, plan.dependent,
+                           plan.clustered ? plan.splits : 1, args, plan.splits, plan.clustered);
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
-template <typename T, int kTokenBlocks>
+template <typename T, int kTokenBlocks, bool kHasZeros>
 const char* dispatch_group(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
+  using Multiplier = TokensOnTensorCores<T, kHasZeros, kTokenBlocks>;
   switch (args.group_shift) {  // a group every 2, 4 or 8 tiles (one group over K: every chunk)
-    case 5: return launch<T, kTokenBlocks, 2>(args, plan, stream);
-    case 6: return launch<T, kTokenBlocks, 4>(args, plan, stream);
-    default: return launch<T, kTokenBlocks, 8>(args, plan, stream);
+    case 5: return launch<Multiplier, 2>(args, plan, stream);
+    case 6: return launch<Multiplier, 4>(args, plan, stream);
+    default: return launch<Multiplier, 8>(args, plan, stream);
   }
+}
+
+template <typename T, int kTokenBlocks>
+const char* dispatch_zeros(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
+  return args.zeros ? dispatch_group<T, kTokenBlocks, true>(args, plan, stream)
+                    : dispatch_group<T, kTokenBlocks, false>(args, plan, stream);
 }
 
 template <typename T>
 const char* dispatch_rows(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
-  return args.M <= 8 ? dispatch_group<T, 1>(args, plan, stream) : dispatch_group<T, 2>(args, plan, stream);
+  if (args.M <= 8) return dispatch_zeros<T, 1>(args, plan, stream);
+  return args.M <= 16 ? dispatch_zeros<T, 2>(args, plan, stream) : dispatch_zeros<T, 4>(args, plan, stream);
 }
 
 }  // namespace
 
-bool decode_serves(int M, int K) { return M <= kMaxRows && K % (kChunkTiles * 16) == 0; }
+// Up to 16 rows, and up to 32 on layers at least twice as wide as deep: there four token blocks beat the
+// tensor-core kernels (7B-qkv and 7B-up at M = 24 and 32 12-19% less time than wgmma / mma.sync, 70B-up 6-8%),
+// which are as fast or faster on the other layers (wgmma on 70B-qkv 14-18% faster;
+// benchmarks/results/2026-12-01-decode-32-rows.md).
+bool decode_serves(int M, int K, int N) {
+  return K % (kChunkTiles * 16) == 0 && (M <= 16 || (M <= kMaxRows && N >= 2 * K));
+}
 
 int64_t decode_partial_floats(const DeviceInfo& device, int M, int K, int N) {
-  const DecodePlan plan = plan_decode(device, K, N);
+  const DecodePlan plan = plan_decode(device, M, K, N);
   return plan.splits > 1 && !plan.clustered ? (int64_t)plan.splits * M * N : 0;
 }
 
 const char* decode_gemm(const GemmArgs& args, bool is_bf16, const DeviceInfo& device, cudaStream_t stream) {
-  const DecodePlan plan = plan_decode(device, args.K, args.N);
+  const DecodePlan plan = plan_decode(device, args.M, args.K, args.N);
   return is_bf16 ? dispatch_rows<__nv_bfloat16>(args, plan, stream) : dispatch_rows<half>(args, plan, stream);
 }
 

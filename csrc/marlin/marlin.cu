@@ -35,8 +35,8 @@
 //   A is read with ldmatrix from an XOR-swizzled tile (no bank conflicts).
 //
 // This file holds the mma.sync kernel (any GPU from sm_80), the dequantize kernel and the host entry
-// points; up to 16 activation rows go to the decode kernel (decode.cu) when K is a multiple of 128, and
-// on Hopper, calls past the decode sizes go to the wgmma kernel (wgmma.cu). Helpers shared by the
+// points; up to 16 activation rows (32 on wide layers) go to the decode kernel (decode.cu) when K is a
+// multiple of 128, and on Hopper, calls past the decode sizes go to the wgmma kernel (wgmma.cu). Helpers shared by the
 // kernels are in common.cuh.
 #include "marlin.h"
 
@@ -495,7 +495,7 @@ extern "C" {
 
 int64_t litquant_marlin_partial_floats(int M, int K, int N) {
   const DeviceInfo device = current_device();
-  if (decode_serves(M, K)) return decode_partial_floats(device, M, K, N);
+  if (decode_serves(M, K, N)) return decode_partial_floats(device, M, K, N);
   if (wgmma_serves(device, M, N)) return wgmma_partial_floats(device, M, K, N);
   const int rows = row_blocks(M) * 16;
   return (int64_t)((M + rows - 1) / rows) * rows * N;
@@ -503,6 +503,7 @@ int64_t litquant_marlin_partial_floats(int M, int K, int N) {
 
 int64_t litquant_marlin_lock_count(int M, int K, int N) {
   const DeviceInfo device = current_device();
+  if (decode_serves(M, K, N)) return N / 64;
   if (wgmma_serves(device, M, N)) return wgmma_lock_count(device, M, K, N);
   const int rows = row_blocks(M) * 16;
   return (int64_t)((M + rows - 1) / rows) * (N / 64);
@@ -527,7 +528,7 @@ const char* litquant_marlin_gemm(const void* x, const int32_t* qweight, const vo
   args.M = M, args.K = K, args.N = N;
   args.group_shift = group_size == -1 ? -1 : group_size == 32 ? 5 : group_size == 64 ? 6 : 7;
   args.units_per_block = 0;
-  if (decode_serves(M, K)) return decode_gemm(args, is_bf16, device, stream);
+  if (decode_serves(M, K, N)) return decode_gemm(args, is_bf16, device, stream);
   if (wgmma_serves(device, M, N)) return wgmma_gemm(args, is_bf16, device, stream);
   return is_bf16 ? dispatch_rows<__nv_bfloat16>(args, device.sms, stream)
                  : dispatch_rows<half>(args, device.sms, stream);

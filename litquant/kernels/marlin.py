@@ -7,11 +7,11 @@ instructions with one 16-byte load, with nibbles interleaved for the exponent-tr
 scales and zero points permuted to match. act_order is handled by sorting the rows by group once at
 load and gathering the activation columns in the same order on each call.
 
-Decode (M <= 16, K a multiple of 128) streams the weights straight into registers
+Decode (M <= 32, K a multiple of 128) streams the weights straight into registers
 (csrc/marlin/decode.cu) and multiplies them on mma.sync with the tokens as the 8-wide operand, the codes
-biased and unscaled, each group's scale and zero point applied to the fp32 sums. Larger M takes mma.sync with a shared-memory pipeline
-(csrc/marlin/marlin.cu, any GPU from sm_80) or, on Hopper past the decode sizes (M > 16, or > 32 for
-layers with many columns), wgmma (csrc/marlin/wgmma.cu); the op picks one per call. For many rows
+biased and unscaled, each group's scale and zero point applied to the fp32 sums. Larger M takes mma.sync with a
+shared-memory pipeline (csrc/marlin/marlin.cu, any GPU from sm_80) or, on Hopper, wgmma (csrc/marlin/wgmma.cu);
+the op picks one per call. For many rows
 (M >= `dense_from_m`, by GPU) the weight is dequantized once per call and multiplied by cuBLAS, when
 that is the faster way.
 """
@@ -110,6 +110,21 @@ def nibble_planes(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor
             group_size)
 
 
+def without_zero_scales(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
+                        dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The same weight (codes uint8 [K, N], rows in group order; scales [G, N]; zeros uint8 [G, N]) with no
+    scale that is 0 in `dtype`: such a group (all its weights 0) gets scale 1 and every code equal to its zero
+    point. The decode kernel keeps its sums in units of the current group's scale (csrc/marlin/decode.cu) and
+    divides by it. Scales below 2**-100 in magnitude count as 0 (their weights, under 2**-96, would overflow
+    that division)."""
+    dead = scales.to(dtype).float().abs() < 2.0**-100  # (in fp32: 2**-100 is 0 in fp16)
+    if not bool(dead.any()):
+        return codes, scales
+    group_of_row = default_g_idx(codes.shape[0], group_size, codes.device).long()
+    codes = torch.where(dead[group_of_row], zeros[group_of_row].to(codes.dtype), codes)
+    return codes, scales.masked_fill(dead, 1)
+
+
 def _register_fakes() -> None:
     """Shapes of the ops for torch.compile / meta tensors (the out= ops mutate in place and return nothing)."""
 
@@ -199,6 +214,7 @@ class MarlinQuantLinear(QuantLinear):
                                  "(as GPTQ desc_act writes them); this g_idx does not")
             codes = codes[perm]
         scales, zeros, group_size = qw.scales, qw.zeros, qw.group_size
+        codes, scales = without_zero_scales(codes, scales, zeros, group_size, self.dtype)
         # Input rows per weight plane (the activations get zero columns to match: no effect on y). 8-bit weights
         # are two planes, each a multiple of 128 rows so that the second one starts at a group boundary.
         self.planes = 2 if qw.bits == 8 else 1
@@ -207,7 +223,7 @@ class MarlinQuantLinear(QuantLinear):
         if self.padded_in_features != k:
             groups = num_groups(self.padded_in_features, group_size)
             codes = torch.cat([codes, codes.new_zeros(self.padded_in_features - k, n)])
-            scales = torch.cat([scales, scales.new_zeros(groups - scales.shape[0], n)])
+            scales = torch.cat([scales, scales.new_ones(groups - scales.shape[0], n)])  # (see without_zero_scales)
             zeros = torch.cat([zeros, zeros.new_full((groups - zeros.shape[0], n), 8)])
         if self.planes == 2:
             codes, scales, zeros, group_size = nibble_planes(codes, scales, zeros, group_size)
