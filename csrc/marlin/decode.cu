@@ -122,7 +122,6 @@ struct TokensOnTensorCores {
     uint4 x[2][kRows * kRowStride];
   };
   static constexpr uint32_t kBufferBytes = sizeof(Staging) / 2;
-  static constexpr uint32_t kSixteenRowBytes = 16 * kRowStride * 16;  // from one ldmatrix_x4 to the next
   const GemmArgs& args;
   const int lane, column_tile;
   const uint32_t copy_to;    // shared address of the lane's first copy (row lane/16, k/8 = lane % 16), buffer 0
@@ -179,6 +178,7 @@ struct TokensOnTensorCores {
     if constexpr (kTokenBlocks == 1) {
       ldmatrix_x2(x[0], x_chunk + 32 * t);
     } else {
+      constexpr uint32_t kSixteenRowBytes = 16 * kRowStride * 16;  // from one ldmatrix_x4 to the next
 #pragma unroll
       for (int h = 0; h < kTokenBlocks / 2; ++h) {  // tokens 16h..16h+15
         uint32_t r[4];
