@@ -108,6 +108,16 @@ def test_2_3_and_8_bit_match_reference(bits, case):
         check_against_references(qw, config, torch.bfloat16, ms=(1, 5))
 
 
+@pytest.mark.parametrize("path", ["gemv", "mma"])
+def test_any_split_count_covers_every_chunk_once(path):
+    """K splits need not divide the chunks: 7 chunks over 3, 5 and 7 splits (runs of 2-3, 1-2 and 1 chunks)."""
+    qw = random_quantized(7 * 128, 40, 4, 64, act_order=True, zero_point=True, seed=7)
+    for split_k in (3, 5, 7):
+        config = tk.KernelConfig(path, block_n=64 if path == "gemv" else 32, block_m=1 if path == "gemv" else 16,
+                                 split_k=split_k)
+        check_against_references(qw, config, torch.bfloat16, ms=(1, 2))
+
+
 def test_3bit_layout():
     """At 3 bits a word holds ten codes (bits 0..29): field j of word (c, n, w) is sorted row c*160 + 16*j + w."""
     qw = random_quantized(320, 8, 3, 64, act_order=True, zero_point=True)

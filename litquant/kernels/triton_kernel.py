@@ -229,6 +229,14 @@ def _store_result(total, bias_ptr, out_ptr, offsets, bias_offsets, mask, HAS_BIA
 
 
 @triton.jit
+def _split_chunks(num_chunks, split):
+    """Chunks [first, last) of K split `split` of tl.num_programs(1): near-equal runs, so that any number of splits
+    keeps every program busy."""
+    splits = tl.num_programs(1)
+    return split * num_chunks // splits, (split + 1) * num_chunks // splits
+
+
+@triton.jit
 def _write_result(total, bias_ptr, out_ptr, partials_ptr, locks_ptr, lock, offsets, bias_offsets, mask, stride_split,
                   HAS_BIAS: tl.constexpr, FINAL: tl.constexpr):
     """Write the fp32 tile `total` of out[offsets]: directly when FINAL, else as this program's partial sum of a
@@ -282,10 +290,7 @@ def _gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     offs_w = tl.arange(0, WORDS)
-    num_chunks = tl.cdiv(K, ROWS)
-    per_split = tl.cdiv(num_chunks, tl.num_programs(1))
-    first = pid_k * per_split
-    last = tl.minimum(first + per_split, num_chunks)
+    first, last = _split_chunks(tl.cdiv(K, ROWS), pid_k)
     # Every tensor of the loop is 3-D, [rows, columns, words], from its load on, so that none changes layout in
     # it: with 2-D words and activations broadcast to 3-D, Triton picked another layout (shuffles, ldmatrix) and
     # M = 1 ran 5-18% slower (benchmarks/results/2026-11-30-triton-gemv-rows.log).
@@ -348,10 +353,7 @@ def _mma_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, o
     m_mask = offs_m < M
     n_mask = offs_n < N
     offs_w = tl.arange(0, WORDS)
-    num_chunks = tl.cdiv(K, ROWS)
-    per_split = tl.cdiv(num_chunks, tl.num_programs(1))
-    first = pid_k * per_split
-    last = tl.minimum(first + per_split, num_chunks)
+    first, last = _split_chunks(tl.cdiv(K, ROWS), pid_k)
     tile = qweight_ptr + offs_n[:, None] * WORDS + offs_w[None, :]
     x_rows = x_ptr + offs_m[None, :] * stride_xm
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
@@ -447,11 +449,16 @@ def candidate_configs(m: int, n: int, k: int, bits: int, device: torch.device) -
     sms, chunks = _sm_count(device), -(-k // chunk_rows(bits))
 
     def splits(tiles: int, finer: bool = False) -> Tuple[int, ...]:
-        """Split-K factors that bring tiles * split to about 2 and 4 programs per SM (powers of two), and 1
-        when `finer`."""
+        """Split-K factors that bring tiles * split to about 2 and 4 programs per SM (powers of two), and when
+        `finer` half the first and the factors in between too (3/4 and 3/2 of it: on an H200 at M = 1, 70B-qkv
+        20.5 us at 6 splits against 21.6 at 8, 70B-down 43.5 at 12 against 44.4 at 8;
+        benchmarks/results/2026-12-01-triton-gemv-splits.log)."""
         want = -(-2 * sms // tiles)
         split = min(1 << (want - 1).bit_length(), chunks)
-        return tuple(sorted({split, min(2 * split, chunks)} | ({max(1, split // 2)} if finer else set())))
+        factors = {split, min(2 * split, chunks)}
+        if finer:
+            factors |= {max(1, split // 2), max(1, 3 * split // 4), min(3 * split // 2, chunks)}
+        return tuple(sorted(factors))
 
     configs = []
     if m <= GEMV_MAX_M:
