@@ -364,10 +364,10 @@ def test_gpu_small_shapes(shape, group_size):
 @pytest.mark.parametrize("shape", [(4096, 11008), (8192, 28672), (384, 256)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_gpu_fused_paths_are_as_accurate_as_the_reference(dtype, group_size, sym, shape):
     """Against the exact product (fp64), no fused path's error may exceed the torch reference's by more than
-    10%: M = 1..32 (decode.cu) multiplies the biased codes (2^p (16 + q)) on the tensor cores and applies zero
-    point and scale per group to the fp32 sums, kept in units of the group's scale, which activations of a large
-    mean stress (the bias times their sum is most of each sum); larger M dequantizes per pair, on mma.sync
-    (marlin.cu) or (Hopper) wgmma."""
+    10%: the decode path (decode.cu: M <= 16, and <= 32 on layers with N >= 2K) multiplies the biased codes
+    (2^p (16 + q)) on the tensor cores and applies zero point and scale per group to the fp32 sums, kept in units
+    of the group's scale, which activations of a large mean stress (the bias times their sum is most of each
+    sum); larger M dequantizes per pair, on mma.sync (marlin.cu) or (Hopper) wgmma."""
     qw = random_quantized_weight(*shape, group_size, sym=sym, act_order=False, device="cuda")
     module, ref = marlin_module(qw, dtype), torch_reference(qw, dtype)
     g = qw.g_idx.long()
