@@ -461,7 +461,9 @@ template <typename Multiplier, int kGroupTiles>
 const char* launch(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
   const auto kernel = marlin_decode_kernel<Multiplier, kGroupTiles>;
   constexpr int kSmem = sizeof(DecodeShared<Multiplier>);
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  cudaError_t err = cudaSuccess;
+  if constexpr (kSmem > 48 * 1024)  // past the default limit of dynamic shared memory: four token blocks
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err == cudaSuccess)
     err = launch_dependent(kernel, dim3(args.N / 64, plan.splits), dim3(kWarps * 32), kSmem, stream, plan.dependent,
                            plan.clustered ? plan.splits : 1, args, plan.splits, plan.clustered);
