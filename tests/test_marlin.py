@@ -244,7 +244,7 @@ def test_contract():
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2}  # ||out - ref|| / ||ref||
 ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 24, 32, 33, 64, 100, 150, 255, 256, 300, 600, 800, 1024, 4096)
 LLAMA_SHAPES = [(4096, 12288), (4096, 11008), (11008, 4096), (8192, 28672), (4096, 14336)]
-SMALL_SHAPES = [(64, 64), (128, 192), (192, 320), (576, 960), (320, 128), (256, 384), (384, 256)]
+SMALL_SHAPES = [(64, 64), (128, 192), (192, 320), (576, 960), (320, 128), (256, 384), (384, 256), (512, 128)]
 
 
 def torch_reference(qw: QuantizedWeight, dtype: torch.dtype) -> TorchQuantLinear:
@@ -361,13 +361,15 @@ def test_gpu_small_shapes(shape, group_size):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("group_size, sym", [(-1, True), (64, False), (128, True), (128, False)])
-@pytest.mark.parametrize("shape", [(4096, 11008), (8192, 28672), (384, 256)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("shape", [(4096, 11008), (8192, 28672), (11008, 4096), (384, 256)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
 def test_gpu_fused_paths_are_as_accurate_as_the_reference(dtype, group_size, sym, shape):
     """Against the exact product (fp64), no fused path's error may exceed the torch reference's by more than
-    10%: the decode path (decode.cu: M <= 16, and <= 32 on layers with N >= 2K) multiplies the biased codes
-    (2^p (16 + q)) on the tensor cores and applies zero point and scale per group to the fp32 sums, kept in units
-    of the group's scale, which activations of a large mean stress (the bias times their sum is most of each
-    sum); larger M dequantizes per pair, on mma.sync (marlin.cu) or (Hopper) wgmma."""
+    10%: the decode path (decode.cu: M <= 16, and <= 32 on layers with N >= 2K or K >= 2N) multiplies the codes
+    on the tensor cores, biased (2^p (16 + q)) up to 8 rows and centered above, and applies zero point and scale
+    per group to the fp32 sums, kept in units of the group's scale, which activations of a large mean stress (the
+    bias times their sum is most of each sum); larger M dequantizes per pair, on mma.sync (marlin.cu) or (Hopper)
+    wgmma. 11008x4096 takes decode at M = 24 and 32 as a deep layer."""
     qw = random_quantized_weight(*shape, group_size, sym=sym, act_order=False, device="cuda")
     module, ref = marlin_module(qw, dtype), torch_reference(qw, dtype)
     g = qw.g_idx.long()

@@ -130,6 +130,11 @@ struct Dtype<half> {
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+  static __device__ __forceinline__ uint32_t fma2(uint32_t a, uint32_t b, uint32_t c) {  // a * b + c, pairwise
+    uint32_t r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+  }
   static __device__ __forceinline__ T2 pack(float lo, float hi) { return __floats2half2_rn(lo, hi); }
   static __device__ __forceinline__ float2 unpack(T2 v) { return __half22float2(v); }
   static __device__ __forceinline__ float low(uint32_t pair) { return __low2float(bit_cast<T2>(pair)); }
@@ -147,6 +152,11 @@ struct Dtype<__nv_bfloat16> {
         "{%0, %1, %2, %3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ __forceinline__ uint32_t fma2(uint32_t a, uint32_t b, uint32_t c) {  // a * b + c, pairwise
+    uint32_t r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
   }
   static __device__ __forceinline__ T2 pack(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
   static __device__ __forceinline__ float2 unpack(T2 v) { return __bfloat1622float2(v); }
@@ -286,7 +296,8 @@ cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, s
   return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
 }
 
-// The decode path (decode.cu) for up to 16 activation rows, 32 on wide layers (and K a multiple of 128):
+// The decode path (decode.cu) for up to 16 activation rows, 32 on layers twice as wide as deep or as deep as
+// wide (and K a multiple of 128):
 // `decode_serves` says whether it takes the call, `decode_partial_floats` is the fp32 scratch it needs and
 // `decode_gemm` runs it.
 bool decode_serves(int M, int K, int N);

@@ -85,16 +85,20 @@ __device__ __forceinline__ GroupParams load_group_params(const GemmArgs& args, i
 // fragments read straight from global memory cost 8 cache lines a load, as the rows are K apart:
 // 25-40% slower at M = 16, benchmarks/results/2026-11-30-marlin-decode-tc.md.)
 //
-// The codes go into the mma as they are, biased and unscaled. OR-ing a nibble q into the top 4 mantissa bits
-// of a power of two 2^m (m = 10 fp16, 7 bf16; kMagic) gives the exact value 2^m + 2^p q with p = m - 4, that
-// is 2^p (16 + q): one shift and one lop3 a pair. One more mma a tile and token block, against ones, gives
-// each token's activation sum S. The group's products D are then s 2^-p (D - 2^p (16 + z) S), for scale s
-// and zero point z. Products of fp16/bf16 values are exact in fp32; the bias of 16 costs a few of the 24
-// bits of the sums, below the output's rounding (a bias of 1024, the low nibble of fp16's magic, made fp16
-// errors 1.6-3.4x the torch reference's on activations of mean 3).
+// The codes go into the mma unscaled. OR-ing a nibble q into the top 4 mantissa bits of a power of two 2^m
+// (m = 10 fp16, 7 bf16; kMagic) gives the exact value 2^m + 2^p q with p = m - 4, that is 2^p (16 + q): one
+// shift and one lop3 a pair. With one token block they go in biased, and one more mma a tile, against ones,
+// gives each token's activation sum S: the group's products D are then s 2^-p (D - 2^p (16 + z) S), for
+// scale s and zero point z. With two or four token blocks (kCentered) one fma2 a pair subtracts 2^p (16 + z)
+// instead, exactly (the pair is 2^p (q - z)), and the mma of the sums goes: on an H200 (interleaved A/Bs,
+// bf16 and fp16 g128, benchmarks/results/2026-12-01-decode-centered.md) M = 12/16 2-5% less time on all six Llama-2
+// layers, M = 24/32 7-10% on the wide ones, where with one token block it cost 0-4% more (the kernel is
+// memory bound there, and its ALU work grows). Products of fp16/bf16 values are exact in fp32; the bias of
+// 16 costs a few of the 24 bits of the sums, below the output's rounding (a bias of 1024, the low nibble of
+// fp16's magic, made fp16 errors 1.6-3.4x the torch reference's on activations of mean 3).
 // The sums stay in the units of the group being multiplied: while group g runs, acc holds (the sums of the
 // groups before) / s_g, and its mma add D_g straight into acc; at its end
-//     acc <- (s_g / s_g+1) (acc - 2^p (16 + z_g) S)
+//     acc <- (s_g / s_g+1) (acc - 2^p (16 + z_g) S)        (centered: acc <- (s_g / s_g+1) acc)
 // which is (the sums up to g) / s_g+1, and the warp's last group ends with the scale of the group after it
 // (`next`, read a group ahead; past K, the last one), which `store` multiplies back. So one set of fp32 sums
 // a lane, not two (the running sums and the group's D): 64 registers less with four token blocks. Scales
@@ -111,6 +115,7 @@ __device__ __forceinline__ GroupParams load_group_params(const GemmArgs& args, i
 template <typename T, bool kHasZeros, int kTokenBlocks>
 struct TokensOnTensorCores {
   using Element = T;
+  static constexpr bool kCentered = kTokenBlocks >= 2;  // codes minus their zero point before the mma
   static constexpr int kRows = 8 * kTokenBlocks;
   static constexpr int kBlocksPerSm = blocks_per_sm(kRows);
   static constexpr int kCodeBit = std::is_same<T, half>::value ? 6 : 3;  // p: where q sits in the mantissa
@@ -130,7 +135,8 @@ struct TokensOnTensorCores {
   uint32_t x_chunk = 0;  // read_from in the current chunk's buffer
   // word j, token block b: features 16j + lane/4 + {0, 8} x tokens 8b + 2(lane % 4) + {0, 1}
   float acc[4][kTokenBlocks][4] = {};
-  float token_sums[kTokenBlocks][2] = {};  // the current group's S of tokens 8b + 2(lane % 4) + {0, 1}
+  float token_sums[kTokenBlocks][2] = {};  // (not centered) the group's S of tokens 8b + 2(lane % 4) + {0, 1}
+  uint32_t centers[4][2];                   // (centered) -2^p (16 + z) in both halves, feature 16j + lane/4 + 8h
   GroupParams params, next;                // scales and zero points of the current group and the next
 
   __device__ TokensOnTensorCores(const GemmArgs& a, int col, Staging& st)
@@ -205,23 +211,37 @@ struct TokensOnTensorCores {
               acc[j][b][i] * (scale_of(next, j, i / 2) / kUnit);
   }
 
+  // Nibbles i and i + 4 of `word` as the pair 2^p (16 + q) (bits 4i.., 4i + 16.. moved to bits p.., p + 16..).
+  static __device__ __forceinline__ uint32_t biased_pair(uint32_t word, int i) {
+    constexpr uint32_t kMask = 0x000f000fu << kCodeBit;
+    const uint32_t moved = 4 * i >= kCodeBit ? word >> (4 * i - kCodeBit) : word << (kCodeBit - 4 * i);
+    return mask_or(moved, kMask, Dtype<T>::kMagic);
+  }
+
   // `next_group` is the first tile of the group after this one.
   __device__ __forceinline__ void start_group(int next_group) {
     params = next;
     next = load_group_params<kHasZeros>(args, next_group, column_tile, lane);
+    if constexpr (kCentered) {  // the zero points lie as the codes do: subtile 2j + h at nibbles h, h + 4
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) centers[j][h] = biased_pair(word_zero_bits(params.zeros, j), h) ^ 0x80008000u;
+    }
   }
 
   __device__ __forceinline__ void multiply_tile(const uint4& w, int t) {
     uint32_t x[kTokenBlocks][2];
     load_tokens(t, x);
-    const uint32_t ones[4] = {Dtype<T>::kOnes, Dtype<T>::kOnes, Dtype<T>::kOnes, Dtype<T>::kOnes};
+    if constexpr (!kCentered) {
+      const uint32_t ones[4] = {Dtype<T>::kOnes, Dtype<T>::kOnes, Dtype<T>::kOnes, Dtype<T>::kOnes};
 #pragma unroll
-    for (int nb = 0; nb < kTokenBlocks; ++nb) {
-      float s[4] = {token_sums[nb][0], token_sums[nb][1], 0.f, 0.f};  // rows 8-15 repeat rows 0-7
-      Dtype<T>::mma(s, ones, x[nb][0], x[nb][1]);
-      token_sums[nb][0] = s[0], token_sums[nb][1] = s[1];
+      for (int nb = 0; nb < kTokenBlocks; ++nb) {
+        float s[4] = {token_sums[nb][0], token_sums[nb][1], 0.f, 0.f};  // rows 8-15 repeat rows 0-7
+        Dtype<T>::mma(s, ones, x[nb][0], x[nb][1]);
+        token_sums[nb][0] = s[0], token_sums[nb][1] = s[1];
+      }
     }
-    constexpr uint32_t kMask = 0x000f000fu << kCodeBit;
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -230,8 +250,8 @@ struct TokensOnTensorCores {
       uint32_t b[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const uint32_t moved = 4 * i >= kCodeBit ? words[j] >> (4 * i - kCodeBit) : words[j] << (kCodeBit - 4 * i);
-        b[i] = mask_or(moved, kMask, Dtype<T>::kMagic);
+        b[i] = biased_pair(words[j], i);
+        if constexpr (kCentered) b[i] = Dtype<T>::fma2(b[i], Dtype<T>::kOnes, centers[j][i / 2]);  // 2^p (q - z)
       }
       const uint32_t a[4] = {b[0], b[2], b[1], b[3]};
 #pragma unroll
@@ -252,7 +272,7 @@ struct TokensOnTensorCores {
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             float& a = acc[j][nb][2 * h + c];
-            a = ratio * fmaf(offset, token_sums[nb][c], a);
+            a = kCentered ? ratio * a : ratio * fmaf(offset, token_sums[nb][c], a);
           }
       }
     }
@@ -494,12 +514,13 @@ const char* dispatch_rows(const GemmArgs& args, const DecodePlan& plan, cudaStre
 
 }  // namespace
 
-// Up to 16 rows, and up to 32 on layers at least twice as wide as deep: there four token blocks beat the
-// tensor-core kernels (7B-qkv and 7B-up at M = 24 and 32 12-19% less time than wgmma / mma.sync, 70B-up 6-8%),
-// which are as fast or faster on the other layers (wgmma on 70B-qkv 14-18% faster;
-// benchmarks/results/2026-12-01-decode-32-rows.md).
+// Up to 16 rows, and up to 32 on layers at least twice as wide as deep or as deep as wide: there four token
+// blocks beat the tensor-core kernels. Measured on an H200 against wgmma (interleaved A/Bs): 7B-qkv and 7B-up at
+// M = 24 and 32 12-19% less time, 70B-up 6-8% (benchmarks/results/2026-12-01-decode-32-rows.md); with the codes
+// centered, 70B-down at M = 17..32 11-15% less, 7B-down 2-10% less, but 70B-qkv (N = 1.25 K) 9-14% more
+// (2026-12-01-decode-centered.md). Near-square layers keep wgmma.
 bool decode_serves(int M, int K, int N) {
-  return K % (kChunkTiles * 16) == 0 && (M <= 16 || (M <= kMaxRows && N >= 2 * K));
+  return K % (kChunkTiles * 16) == 0 && (M <= 16 || (M <= kMaxRows && (N >= 2 * K || K >= 2 * N)));
 }
 
 int64_t decode_partial_floats(const DeviceInfo& device, int M, int K, int N) {

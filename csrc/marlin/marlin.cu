@@ -35,8 +35,8 @@
 //   A is read with ldmatrix from an XOR-swizzled tile (no bank conflicts).
 //
 // This file holds the mma.sync kernel (any GPU from sm_80), the dequantize kernel and the host entry
-// points; up to 16 activation rows (32 on wide layers) go to the decode kernel (decode.cu) when K is a
-// multiple of 128, and on Hopper, calls past the decode sizes go to the wgmma kernel (wgmma.cu). Helpers
+// points; up to 16 activation rows (32 on layers far from square) go to the decode kernel (decode.cu) when K
+// is a multiple of 128, and on Hopper, calls past the decode sizes go to the wgmma kernel (wgmma.cu). Helpers
 // shared by the kernels are in common.cuh.
 #include "marlin.h"
 

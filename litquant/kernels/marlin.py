@@ -7,9 +7,10 @@ instructions with one 16-byte load, with nibbles interleaved for the exponent-tr
 scales and zero points permuted to match. act_order is handled by sorting the rows by group once at
 load and gathering the activation columns in the same order on each call.
 
-Decode (M <= 16, and <= 32 on layers at least twice as wide as deep; K a multiple of 128) streams the weights
-straight into registers (csrc/marlin/decode.cu) and multiplies them on mma.sync with the tokens as the 8-wide
-operand, the codes biased and unscaled, each group's scale and zero point applied to the fp32 sums. Larger M
+Decode (M <= 16, and <= 32 on layers twice as wide as deep or as deep as wide; K a multiple of 128) streams
+the weights straight into registers (csrc/marlin/decode.cu) and multiplies them on mma.sync with the tokens as
+the 8-wide operand, the codes unscaled (biased up to 8 rows, centered on their zero point above), each group's
+scale (and zero point) applied to the fp32 sums. Larger M
 takes mma.sync with a shared-memory pipeline (csrc/marlin/marlin.cu, any GPU from sm_80) or, on Hopper, wgmma
 (csrc/marlin/wgmma.cu); the op picks one per call. For many rows (M >= `dense_from_m`, by GPU) the weight is
 dequantized once per call and multiplied by cuBLAS, when that is the faster way.

@@ -36,9 +36,12 @@ Paths, picked per (device, dtype, N, K, M bucket) by timing the candidates once 
     the next chunk into registers with a shift-free decode (AND/OR, then FADD), and (before the denormal decode)
     fields masked into two mantissa windows under the exponent of 1.0; in mma, one K = ROWS dot per chunk
     on a [BLOCK_N, VALUES, 16] -> [BLOCK_N, ROWS] reshaped tile, also with x pre-permuted to the unpacked order
-    (0.23-0.40x cuBLAS at M = 64..4096, either operand order). The dequant path is already at ~87% of its
-    bandwidth bound (it must write 2 bytes per weight), so dequant + cuBLAS cannot pass ~0.5x of cuBLAS at
-    M = 256: the large-M target needs a fused wgmma kernel, which Triton did not give here.
+    (0.23-0.40x cuBLAS at M = 64..4096, either operand order), and again with the fields interleaved
+    (tl.interleave) against x permuted to match: x then streams through cp.async and the wgmmas overlap, but
+    the tile's layout goes through shared memory each chunk, and it was slower than this path at every M
+    (2026-12-01-triton-mma-one-dot.log). The dequant path is already at ~87% of its bandwidth bound (it must
+    write 2 bytes per weight), so dequant + cuBLAS cannot pass ~0.5x of cuBLAS at M = 256: the large-M target
+    needs a fused wgmma kernel, which Triton did not give here.
 """
 import logging
 import os
