@@ -34,7 +34,10 @@ constexpr int kMaxRows = 32;    // four blocks of 8 tokens
 // path: 67.8 us at 4 blocks against 76-79 us at 3), 3 for two (168 registers; at 4 blocks they spill, and 4 of
 // the 6 Llama-2 layers ran 1-6% slower at M = 12 and 16, 70B-down 6-8% faster), 2 for four (255 registers; at 3
 // they spill, and 70B-up ran 13-15% slower at M = 24 and 32, 7B-qkv 8% faster;
-// benchmarks/results/2026-12-01-decode-32-rows.md).
+// benchmarks/results/2026-12-01-decode-32-rows.md). With the codes centered (fewer registers: 4 blocks of two
+// token blocks spill up to 48 bytes, 3 of four up to 28, none at g128 without zero points), one block more was
+// again no better: M = 12/16 1-10% more time on five of the six layers, M = 24/32 up to 4% less on 7B-qkv and
+// 7B-up, 6-7% more on the down layers (2026-12-01-decode-centered-run3.log).
 constexpr int blocks_per_sm(int rows) { return rows <= 8 ? 4 : rows <= 16 ? 3 : 2; }
 
 // 16 bytes read once (not kept in L1), if `valid`; else nothing is read and the value is undefined.
