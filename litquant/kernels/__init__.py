@@ -21,7 +21,7 @@ REGISTRY: Dict[str, str] = {
 # (benchmarks/results/2026-11-30-kernels-v5.md and -v4.md), marlin is ahead of triton at M = 1..256 on
 # every Llama-2 layer but one case (7B-down at M = 2), and within 4% at M >= 1024, where both end in cuBLAS.
 # For 8-bit layers triton's gemv takes 8-19% less time at M = 1 (decode), so marlin is not `auto`'s pick there
-# (its `auto_bits`; 2026-12-01-kernels-8bit-v2.md).
+# (its `auto_bits`; 2026-12-01-kernels-8bit-v2.md and -v3.md).
 AUTO_ORDER: Tuple[str, ...] = ("marlin", "triton", "torch")
 
 
