@@ -94,9 +94,9 @@ __device__ __forceinline__ GroupParams load_group_params(const GemmArgs& args, i
 // gives each token's activation sum S: the group's products D are then s 2^-p (D - 2^p (16 + z) S), for
 // scale s and zero point z. With two or four token blocks (kCentered) one fma2 a pair subtracts 2^p (16 + z)
 // instead, exactly (the pair is 2^p (q - z)), and the mma of the sums goes: on an H200 (interleaved A/Bs,
-// bf16 and fp16 g128, benchmarks/results/2026-12-01-decode-centered.md) M = 12/16 2-5% less time on all six Llama-2
-// layers, M = 24/32 7-10% on the wide ones, where with one token block it cost 0-4% more (the kernel is
-// memory bound there, and its ALU work grows). Products of fp16/bf16 values are exact in fp32; the bias of
+// bf16 and fp16 g128, benchmarks/results/2026-12-01-decode-centered.md) M = 12/16 2-5% less time on all six
+// Llama-2 layers, M = 24/32 7-10% on the wide ones, where with one token block it cost 0-4% more (the kernel
+// is memory bound there, and its ALU work grows). Products of fp16/bf16 values are exact in fp32; the bias of
 // 16 costs a few of the 24 bits of the sums, below the output's rounding (a bias of 1024, the low nibble of
 // fp16's magic, made fp16 errors 1.6-3.4x the torch reference's on activations of mean 3).
 // The sums stay in the units of the group being multiplied: while group g runs, acc holds (the sums of the
