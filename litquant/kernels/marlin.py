@@ -155,7 +155,7 @@ class MarlinQuantLinear(QuantLinear):
     description = ("fused 4-bit GEMM (Marlin-class, tensor cores), 8-bit as two 4-bit planes, fp16/bf16, sm_80+; "
                    "built on first use")
     bits = (4, 8)
-    auto_bits = (4,)  # 8-bit decode (M = 1) is faster on triton: benchmarks/results/2026-12-01-kernels-8bit-v2.md
+    auto_bits = (4,)  # 8-bit decode (M = 1) is faster on triton: benchmarks/results/2026-12-01-kernels-8bit-v3.md
     group_sizes = (-1, 32, 64, 128)
     zero_point = True
     act_order = True
