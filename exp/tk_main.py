@@ -1,0 +1,675 @@
+"""The `triton` kernel: a fused dequantize-matmul for 2/3/4/8-bit GPTQ (with or without act_order) and AWQ weights.
+
+Layout (built once at load by `repack`, with vectorized torch on the target device)
+    K is cut into chunks of ROWS = 16 * V input rows, V = 32 // bits codes per int32 word (ROWS = 128 at 4 bits;
+    at 3 bits ten codes fill 30 bits of a word, so a weight takes 3.2 bits here against 3 on disk, where AutoGPTQ
+    packs 32 codes into 3 words and two of them straddle word boundaries, out of reach of one shift and mask).
+    `qweight[c, n, w]` (int32 [C, N, 16]) is word w of chunk c of output column n; its field j (bits
+    [bits*j, bits*(j+1))) is the code of input row k = c*ROWS + 16*j + w. Hence:
+    - one chunk of a [BLOCK_N] column block is one contiguous block of BLOCK_N * 64 bytes (coalesced loads);
+    - field j of a [BLOCK_N, 16] word tile is the weight of 16 *consecutive* input rows: it multiplies 16
+      consecutive activations, by broadcast FMAs or by a tl.dot with K = 16, with no shuffle of unpacked values;
+    - a 16-row run lies inside one quantization group when 16 divides the group size, and when ROWS divides it
+      too, so does the whole chunk (`GROUP_PER_CHUNK`: scales are then loaded once per chunk).
+    act_order (GPTQ desc_act): rows are sorted by group (`perm`), which makes the groups contiguous again; the
+    kernels read activation column perm[k] for sorted row k (for large M, x is permuted once instead).
+    `scales` stay fp16 [G, N]; zero points become `zeros = -(1 + z / 2**bits)`, fp16 [G, N] and exact, and are
+    dropped for symmetric weights (z = 2**(bits-1) everywhere).
+
+Dequantization without int-to-float conversions
+    A field q shifted under the exponent of 1.0 (one shift, one AND/OR) is the fp32 value f = 1 + q / 2**bits,
+    exactly: the "magic number" conversion that FasterTransformer and Marlin use in fp16, here in fp32 so every
+    bit width fits. Then f + zeros = (q - z) / 2**bits exactly, and the weight is 2**bits * s * (f + zeros).
+
+Paths, picked per (device, dtype, N, K, M bucket) by timing the candidates once (`choose_config`)
+    gemv     BLOCK_M activation rows per program, [BLOCK_N, 16] word tiles, fp32 FMAs on the CUDA cores, split-K over
+             chunks for occupancy, chunks streamed through a cp.async pipeline: decode (M = 1..4), memory bound.
+             Fields are read as denormal floats (`_field_product`): one AND and one FMA per weight.
+    mma      tensor cores: out^T = W @ x^T for a [BLOCK_N, BLOCK_M] tile, per chunk one K = 16 dot per field, the
+             dequantized weights being the register operand; split-K when the tiles alone do not fill the GPU,
+             grouped tile order for L2 reuse at large M.
+    dequant  `_dequant_kernel` writes the whole weight in the activation dtype (one [BLOCK_N, ROWS] tile per
+             chunk), then cuBLAS: for large, compute-bound M.
+    Split-K partial sums go to an fp32 buffer [SPLIT_K, M, N]; the last program of each output tile to finish
+    adds them up in split order (deterministic), adds the bias and casts (`_write_result`): one launch per matmul.
+    Measured slower on an H200 and not kept (benchmarks/results/2026-11-30-triton-*.log): in gemv, prefetching
+    the next chunk into registers with a shift-free decode (AND/OR, then FADD), and (before the denormal decode)
+    fields masked into two mantissa windows under the exponent of 1.0; in mma, one K = ROWS dot per chunk
+    on a [BLOCK_N, VALUES, 16] -> [BLOCK_N, ROWS] reshaped tile, also with x pre-permuted to the unpacked order
+    (0.23-0.40x cuBLAS at M = 64..4096, either operand order), and again with the fields interleaved
+    (tl.interleave) against x permuted to match: x then streams through cp.async and the wgmmas overlap, but
+    the tile's layout goes through shared memory each chunk, and it was slower than this path at every M
+    (2026-12-01-triton-mma-one-dot.log). The dequant path is already at ~87% of its bandwidth bound (it must
+    write 2 bytes per weight), so dequant + cuBLAS cannot pass ~0.5x of cuBLAS at M = 256: the large-M target
+    needs a fused wgmma kernel, which Triton did not give here.
+"""
+import logging
+import os
+import statistics
+import warnings
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.errors import OutOfResources
+
+from litquant.formats import QuantizedWeight
+from litquant.formats.common import default_g_idx
+from litquant.kernels.base import QuantLinear
+from litquant.kernels.ops import quant_linear_op
+
+# Triton decides at import (when `triton.jit` runs) whether kernels are compiled or interpreted on the CPU.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+log = logging.getLogger("litquant.kernels.triton")
+SUPPORTED_BITS = (2, 3, 4, 8)
+WORDS_PER_CHUNK = 16
+NO_GROUP = 1 << 30  # the group size the kernels see for group_size -1: every row is in group 0
+PERMUTE_X_ABOVE_M = 64  # act_order: above this many rows, permute x once rather than gather it in every tile
+
+
+def chunk_rows(bits: int) -> int:
+    """Input rows per chunk of the packed layout (128 at 4 bits, 160 at 3)."""
+    return WORDS_PER_CHUNK * (32 // bits)
+
+
+@dataclass
+class PackedWeight:
+    """A `QuantizedWeight` in this kernel's layout (see the module docstring)."""
+
+    qweight: torch.Tensor  # int32 [C, N, 16]
+    scales: torch.Tensor  # float16 [G, N]
+    zeros: Optional[torch.Tensor]  # float16 [G, N], -(1 + z / 2**bits); None for symmetric weights
+    perm: Optional[torch.Tensor]  # int32 [K]: sorted row k is input channel perm[k]; None without act_order
+    locks: torch.Tensor  # int32 split-K arrival counters (`new_locks`): zero between calls
+    bits: int
+    group_size: int
+
+
+def repack(qw: QuantizedWeight) -> PackedWeight:
+    """Repack `qw` (on any device) into the layout of the kernels, with vectorized torch on that device."""
+    bits, group_size = qw.bits, qw.group_size
+    if bits not in SUPPORTED_BITS:
+        raise ValueError(f"the triton kernel supports {'/'.join(map(str, SUPPORTED_BITS))}-bit weights, not {bits}-bit")
+    if group_size != -1 and (group_size <= 0 or group_size % WORDS_PER_CHUNK):
+        raise ValueError(f"the triton kernel needs group_size -1 or a multiple of {WORDS_PER_CHUNK}, got {group_size}")
+    k, n = qw.in_features, qw.out_features
+    codes, perm = qw.codes, None
+    if qw.act_order:
+        perm = torch.argsort(qw.g_idx, stable=True)
+        if not torch.equal(qw.g_idx[perm], default_g_idx(k, group_size, qw.g_idx.device)):
+            raise ValueError("g_idx is not a GPTQ act_order assignment (after sorting the rows by group, group i must "
+                             f"hold exactly rows [i*{group_size}, (i+1)*{group_size})); the triton kernel cannot "
+                             "serve it, the torch kernel can")
+        codes = codes[perm]
+        perm = perm.to(torch.int32)
+    values, rows = 32 // bits, chunk_rows(bits)
+    chunks = -(-k // rows)
+    padded = torch.zeros(chunks * rows, n, dtype=torch.uint8, device=codes.device)
+    padded[:k] = codes
+    fields = padded.view(chunks, values, WORDS_PER_CHUNK, n)  # [c, j, w, n] holds row c*rows + 16*j + w
+    words = torch.zeros(chunks, WORDS_PER_CHUNK, n, dtype=torch.int64, device=codes.device)
+    for j in range(values):  # one vectorized pass per field
+        words |= fields[:, j].to(torch.int64) << (bits * j)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # reinterpret as signed int32
+    zeros = None
+    if not qw.sym:
+        zeros = (-(1.0 + qw.zeros.to(torch.float32) / 2**bits)).to(torch.float16)
+    return PackedWeight(words.transpose(1, 2).contiguous(), qw.scales.to(torch.float16).contiguous(), zeros, perm,
+                        new_locks(n, codes.device), bits, group_size)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Triton kernels
+# ---------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _group_params(scales_ptr, zeros_ptr, first_row, group_size, offs_n, n_mask, N, K, HAS_ZEROS: tl.constexpr):
+    """Scale and `zeros` offset (fp32) of the group of sorted input row(s) `first_row`, for columns `offs_n`
+    (broadcast together: [BLOCK_N] for one row, [BLOCK_N, G] for rows [1, G] and columns [BLOCK_N, 1]).
+    Padding rows past K (whose activations are 0) take the last group, as theirs may not exist."""
+    group = tl.minimum(first_row, K - 1) // group_size
+    s = tl.load(scales_ptr + group * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    if HAS_ZEROS:
+        z = tl.load(zeros_ptr + group * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    else:
+        z = tl.full(s.shape, -1.5, tl.float32)  # symmetric: z = 2**(bits-1), so -(1 + z / 2**bits) = -1.5
+    return s, z
+
+
+@triton.jit
+def _activation_columns(perm_ptr, rows, K, HAS_PERM: tl.constexpr):
+    """Columns of x for sorted input rows `rows`, and the mask of rows that exist (< K)."""
+    mask = rows < K
+    if HAS_PERM:
+        rows = tl.load(perm_ptr + rows, mask=mask, other=0)
+    return rows, mask
+
+
+@triton.jit
+def _chunk_scales(scales_ptr, zeros_ptr, c, group_size, offs_n, n_mask, N, K, BITS: tl.constexpr,
+                  HAS_ZEROS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, WORDS: tl.constexpr,
+                  FIELDS: tl.constexpr):
+    """2**BITS * scale, and its product with `zeros`, as [BLOCK_N, G, 1] for the G groups of chunk c: one group
+    when the chunk lies in one, else one per field (16-row run; FIELDS of them, the power of two >= 32 // BITS,
+    the runs past the chunk taking valid but unused groups)."""
+    VALUES: tl.constexpr = 32 // BITS
+    if GROUP_PER_CHUNK:
+        s, z = _group_params(scales_ptr, zeros_ptr, c * VALUES * WORDS, group_size, offs_n, n_mask, N, K, HAS_ZEROS)
+        s, z = s[:, None], z[:, None]
+    else:
+        runs = c * VALUES * WORDS + tl.arange(0, FIELDS) * WORDS
+        s, z = _group_params(scales_ptr, zeros_ptr, runs[None, :], group_size, offs_n[:, None], n_mask[:, None], N,
+                             K, HAS_ZEROS)
+    s = s * (1 << BITS)
+    return s[:, :, None], (s * z)[:, :, None]
+
+
+@triton.jit
+def _chunk_weights(words, s, sz, BITS: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr,
+                   FIELDS: tl.constexpr):
+    """The fp32 weights s * (q - z) [BLOCK_N, FIELDS * WORDS] of one chunk: column 16*j + w from field j of word w
+    (columns from ROWS on, fields past the 32 // BITS of a word, are copies of the last field's).
+
+    Each field is shifted under the exponent of 1.0, f = 1 + q / 2**BITS exactly, and s * f + sz is the weight
+    (s and sz from `_chunk_scales`). The fields are unpacked as [BLOCK_N, FIELDS, WORDS], whose row-major
+    reshape is the chunk's row order."""
+    VALUES: tl.constexpr = 32 // BITS
+    shifts = tl.minimum(tl.arange(0, FIELDS), VALUES - 1) * BITS
+    mantissa = ((words[:, None, :] >> shifts[None, :, None]) << (23 - BITS)) & (((1 << BITS) - 1) << (23 - BITS))
+    f = (mantissa | 0x3F800000).to(tl.float32, bitcast=True)
+    return tl.reshape(f * s + sz, (BLOCK_N, FIELDS * WORDS))
+
+
+@triton.jit
+def _field_as_float(words, j: tl.constexpr, BITS: tl.constexpr):
+    """Field j of each int32 word as the fp32 value 1 + q / 2**BITS (shift it under the exponent of 1.0)."""
+    if 23 - BITS - BITS * j >= 0:
+        moved = words << (23 - BITS - BITS * j)
+    else:
+        moved = words >> (BITS * j + BITS - 23)
+    mantissa = moved & (((1 << BITS) - 1) << (23 - BITS))
+    return (mantissa | 0x3F800000).to(tl.float32, bitcast=True)
+
+
+# x enters the gemv as x * 2**(X_EXPONENT - b) against a field decoded as q * 2**(b - 149) (`_field_product`):
+# every product is x * q * 2**(X_EXPONENT - 149), a normal fp32 for |x * q| >= 2**-77, and x * 2**X_EXPONENT
+# stays finite for |x| < 2**27.
+X_EXPONENT = 100
+
+
+@triton.jit
+def _field_product(words, x, j: tl.constexpr, BITS: tl.constexpr, X_EXPONENT: tl.constexpr):
+    """x [BLOCK_M, 1, WORDS] times field j of the int32 words [1, BLOCK_N, WORDS], as x * q * 2**(X_EXPONENT - 149)
+    [BLOCK_M, BLOCK_N, WORDS].
+
+    The field is masked where it lies, b bits up, and read as the bits of a denormal fp32: q * 2**(b - 149).
+    Fields that reach bit 23 (the exponent) are read after one shift of the word, shared by all of them (12
+    bits, 16 for 8-bit codes). So a field costs one AND: no OR with an exponent, no subtraction of it. x comes
+    in scaled by 2**(X_EXPONENT - b), which makes every product the same normal fp32 multiple of x * q; the FMAs
+    take denormal inputs at full rate and exactly (Triton does not flush fp32 denormals)."""
+    SHIFT: tl.constexpr = 0 if BITS * j + BITS <= 23 else (16 if BITS == 8 else 12)
+    b: tl.constexpr = BITS * j - SHIFT
+    if SHIFT > 0:
+        words = words >> SHIFT
+    field = (words & (((1 << BITS) - 1) << b)).to(tl.float32, bitcast=True)
+    return (x * 2.0 ** (X_EXPONENT - b)) * field
+
+
+@triton.jit
+def _zero_point_term(s, zeros, BITS: tl.constexpr, UNIT: tl.constexpr):
+    """-s * z per column as [1, BLOCK_N, 1], in the gemv's accumulator units (UNIT): the stored zeros are
+    -(1 + z / 2**BITS), so (zeros + 1) * 2**BITS = -z."""
+    return (s * (zeros + 1.0) * ((1 << BITS) * UNIT))[None, :, None]
+
+
+@triton.jit
+def _store_result(total, bias_ptr, out_ptr, offsets, bias_offsets, mask, HAS_BIAS: tl.constexpr):
+    """out[offsets] = total (+ bias[bias_offsets]), cast to out's dtype."""
+    if HAS_BIAS:
+        total += tl.load(bias_ptr + bias_offsets, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offsets, total.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _split_chunks(num_chunks, split):
+    """Chunks [first, last) of K split `split` of tl.num_programs(1): near-equal runs, so that any number of splits
+    keeps every program busy."""
+    splits = tl.num_programs(1)
+    return split * num_chunks // splits, (split + 1) * num_chunks // splits
+
+
+@triton.jit
+def _write_result(total, bias_ptr, out_ptr, partials_ptr, locks_ptr, lock, offsets, bias_offsets, mask, stride_split,
+                  HAS_BIAS: tl.constexpr, FINAL: tl.constexpr):
+    """Write the fp32 tile `total` of out[offsets]: directly when FINAL, else as this program's partial sum of a
+    K loop split over tl.num_programs(1) programs, the last of which to finish adds them all up and writes out.
+
+    The split-K reduction thus needs no second kernel (70B-qkv at M = 1: 22.8 -> 21.8 us on an H200). Arrival
+    is counted on locks[lock], one int32 per output tile that is zero between calls (the last program resets it):
+    a barrier, so every thread of this program has stored its partials, then one thread's acq_rel atomic; the
+    last program reads the partials through L2 (.cg), as its L1 may hold stale lines from an earlier call. The
+    sum runs over the splits in order, so the result does not depend on which program came last. (Loading
+    several splits per load, one L2 round trip for each, not one per split, gained nothing at M = 1 and made
+    the mma path at M = 16 up to 25% slower on an H200: benchmarks/results/2026-11-30-triton-split-reduce.log.)"""
+    if FINAL:
+        _store_result(total, bias_ptr, out_ptr, offsets, bias_offsets, mask, HAS_BIAS)
+    else:
+        split_k = tl.num_programs(1)
+        tl.store(partials_ptr + tl.program_id(1) * stride_split + offsets, total, mask=mask)
+        tl.debug_barrier()
+        if tl.atomic_add(locks_ptr + lock, 1, sem="acq_rel", scope="gpu") == split_k - 1:
+            total = tl.load(partials_ptr + offsets, mask=mask, other=0.0, cache_modifier=".cg")
+            for split in range(1, split_k):
+                total += tl.load(partials_ptr + split * stride_split + offsets, mask=mask, other=0.0,
+                                 cache_modifier=".cg")
+            _store_result(total, bias_ptr, out_ptr, offsets, bias_offsets, mask, HAS_BIAS)
+            tl.atomic_xchg(locks_ptr + lock, 0)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr, partials_ptr, locks_ptr,
+                 M, N, K, group_size, stride_xm, stride_om, stride_split,
+                 BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                 HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FINAL: tl.constexpr, X_EXPONENT: tl.constexpr,
+                 NUM_STAGES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
+    """out[rows, n] (or split partial) for BLOCK_M activation rows, BLOCK_N columns and one split of the chunks.
+
+    Per weight: one AND (`_field_product`) and one FMA with the pre-scaled activation. The zero point is
+    applied per word slot and chunk, sum(x * s * (q - z)) = s * sum(x * q) - s * z * sum(x), with the sums over
+    the chunk (or field, when the group is shorter than a chunk); the accumulator stays [BLOCK_M, BLOCK_N, WORDS]
+    and is reduced once at the end, so the loop has no cross-thread reduction. Each thread holds several columns,
+    so the activations it loads, converts and scales serve all of them; with BLOCK_M > 1 the weight words it loads
+    serve all rows (a program per row read each weight once per row: M = 2 on 70B-up 151 -> 131 us, 70B-down
+    81 -> 63 us on an H200; at M = 4 the mma path stays faster). The chunks stream through a NUM_STAGES-deep
+    cp.async pipeline (`tl.range`): with 3 stages, 70B-up at M = 1 went from 113 to 82 us on an H200.
+    """
+    VALUES: tl.constexpr = 32 // BITS
+    ROWS: tl.constexpr = VALUES * WORDS
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < M
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_w = tl.arange(0, WORDS)
+    first, last = _split_chunks(tl.cdiv(K, ROWS), pid_k)
+    # Every tensor of the loop is 3-D, [rows, columns, words], from its load on, so that none changes layout in
+    # it: with 2-D words and activations broadcast to 3-D, Triton picked another layout (shuffles, ldmatrix) and
+    # M = 1 ran 5-18% slower (benchmarks/results/2026-11-30-triton-gemv-rows.log).
+    x_rows = x_ptr + rows[:, None, None] * stride_xm
+    tile = qweight_ptr + offs_n[None, :, None] * WORDS + offs_w[None, None, :]
+    acc = tl.zeros([BLOCK_M, BLOCK_N, WORDS], tl.float32)
+    ZERO_UNIT: tl.constexpr = 2.0 ** (X_EXPONENT - 149)  # acc holds x * q in units of 2**(X_EXPONENT - 149)
+    for c in tl.range(first, last, num_stages=NUM_STAGES):
+        words = tl.load(tile + c * N * WORDS, mask=n_mask[None, :, None], other=0)
+        for j in tl.static_range(VALUES):
+            cols, k_mask = _activation_columns(perm_ptr, c * ROWS + j * WORDS + offs_w, K, HAS_PERM)
+            xj = tl.load(x_rows + cols[None, None, :], mask=row_mask[:, None, None] & k_mask[None, None, :],
+                         other=0.0).to(tl.float32)
+            product = _field_product(words, xj, j, BITS, X_EXPONENT)
+            if GROUP_PER_CHUNK:  # sum the chunk's fields, scale them once below
+                if j == 0:
+                    partial, x_sum = product, xj
+                else:
+                    partial += product
+                    x_sum += xj
+            else:
+                s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS + j * WORDS, group_size, offs_n, n_mask, N, K,
+                                     HAS_ZEROS)
+                acc += s[None, :, None] * product
+                acc += _zero_point_term(s, z, BITS, ZERO_UNIT) * xj
+        if GROUP_PER_CHUNK:
+            s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS, group_size, offs_n, n_mask, N, K, HAS_ZEROS)
+            acc += s[None, :, None] * partial
+            acc += _zero_point_term(s, z, BITS, ZERO_UNIT) * x_sum
+    _write_result(tl.sum(acc, 2) / ZERO_UNIT, bias_ptr, out_ptr, partials_ptr, locks_ptr,
+                  tl.program_id(2) * tl.num_programs(0) + pid_n, rows[:, None] * stride_om + offs_n[None, :],
+                  offs_n[None, :], row_mask[:, None] & n_mask[None, :], stride_split, HAS_BIAS, FINAL)
+
+
+@triton.jit
+def _mma_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr, partials_ptr, locks_ptr,
+                M, N, K, group_size, stride_xm, stride_om, stride_split,
+                BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FINAL: tl.constexpr,
+                DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, WORDS: tl.constexpr):
+    """A [BLOCK_M, BLOCK_N] output tile (or split partial) on tensor cores, computed transposed as
+    acc[BLOCK_N, BLOCK_M] += W_j[BLOCK_N, 16] @ x_j^T[16, BLOCK_M], one dot per field j of each chunk."""
+    VALUES: tl.constexpr = 32 // BITS
+    ROWS: tl.constexpr = VALUES * WORDS
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    # Grouped tile order: GROUP_M row blocks sweep the column blocks together, so the weight tiles they share are
+    # read from DRAM about once per group (the swizzle of the Triton matmul tutorial).
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_rows
+    pid_n = (pid % per_group) // group_rows
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    offs_w = tl.arange(0, WORDS)
+    first, last = _split_chunks(tl.cdiv(K, ROWS), pid_k)
+    tile = qweight_ptr + offs_n[:, None] * WORDS + offs_w[None, :]
+    x_rows = x_ptr + offs_m[None, :] * stride_xm
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    for c in range(first, last):
+        words = tl.load(tile + c * N * WORDS, mask=n_mask[:, None], other=0)
+        if GROUP_PER_CHUNK:
+            s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS, group_size, offs_n, n_mask, N, K, HAS_ZEROS)
+            s = s * (1 << BITS)
+            sz = s * z
+        for j in tl.static_range(VALUES):
+            if not GROUP_PER_CHUNK:
+                s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS + j * WORDS, group_size, offs_n, n_mask, N, K,
+                                     HAS_ZEROS)
+                s = s * (1 << BITS)
+                sz = s * z
+            cols, k_mask = _activation_columns(perm_ptr, c * ROWS + j * WORDS + offs_w, K, HAS_PERM)
+            xt = tl.load(x_rows + cols[:, None], mask=k_mask[:, None] & m_mask[None, :], other=0.0)
+            w = _field_as_float(words, j, BITS) * s[:, None] + sz[:, None]  # the weight, s * (q - z)
+            acc = tl.dot(w.to(DOT_DTYPE), xt.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
+    _write_result(acc, bias_ptr, out_ptr, partials_ptr, locks_ptr, pid, offs_m[None, :] * stride_om + offs_n[:, None],
+                  offs_n[:, None], n_mask[:, None] & m_mask[None, :], stride_split, HAS_BIAS, FINAL)
+
+
+@triton.jit
+def _dequant_kernel(qweight_ptr, scales_ptr, zeros_ptr, w_ptr, N, K, group_size,
+                    BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                    BLOCK_N: tl.constexpr, WORDS: tl.constexpr, FIELDS: tl.constexpr):
+    """Write W[n, k] = s * (q - z) in w_ptr's dtype (sorted row order) for BLOCK_N columns of one chunk; FIELDS is
+    the power of two >= 32 // BITS (tl.arange needs one)."""
+    ROWS: tl.constexpr = (32 // BITS) * WORDS
+    pid_n = tl.program_id(0)
+    c = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    words = tl.load(qweight_ptr + c * N * WORDS + offs_n[:, None] * WORDS + tl.arange(0, WORDS)[None, :],
+                    mask=n_mask[:, None], other=0)
+    s, sz = _chunk_scales(scales_ptr, zeros_ptr, c, group_size, offs_n, n_mask, N, K, BITS, HAS_ZEROS,
+                          GROUP_PER_CHUNK, WORDS, FIELDS)
+    w = _chunk_weights(words, s, sz, BITS, BLOCK_N, WORDS, FIELDS)
+    r = tl.arange(0, FIELDS * WORDS)
+    k = c * ROWS + r
+    tl.store(w_ptr + offs_n.to(tl.int64)[:, None] * K + k[None, :], w.to(w_ptr.dtype.element_ty),
+             mask=n_mask[:, None] & ((r < ROWS) & (k < K))[None, :])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Launch, configs and tuning
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KernelConfig:
+    """One way to run the matmul: the path and its tile sizes."""
+
+    path: str  # "gemv", "mma" or "dequant"
+    block_n: int = 128
+    block_m: int = 16
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+GEMV_MAX_M = 4
+TUNING_ROUNDS = 2
+TUNING_CALLS = 8  # calls per timed graph replay, at least
+TUNING_MAX_COPIES = 64  # of the weight while tuning (a layer that small is latency bound anyway)
+DEQUANT_MIN_M = 256
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+_TUNED: Dict[tuple, KernelConfig] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def lock_count(n: int, device: torch.device) -> int:
+    """Split-K arrival counters that any config may need for N output columns: one per output tile that is split,
+    i.e. gemv's rows (<= GEMV_MAX_M) x column tiles (>= 64 wide), mma's tiles (one row tile up to M = 64, and fewer
+    tiles than SMs above it, where it splits)."""
+    return max(GEMV_MAX_M * -(-n // 64), _sm_count(device))
+
+
+def new_locks(n: int, device: torch.device) -> torch.Tensor:
+    """Zeroed split-K arrival counters for N output columns (the kernels leave them zeroed after each call)."""
+    return torch.zeros(lock_count(n, device), dtype=torch.int32, device=device)
+
+
+def m_bucket(m: int) -> int:
+    """The power of two >= m: configs are tuned per bucket, so decode never re-tunes for a new M."""
+    return 1 << max(0, (m - 1).bit_length())
+
+
+def candidate_configs(m: int, n: int, k: int, bits: int, device: torch.device) -> List[KernelConfig]:
+    """The configs worth timing for an [m, k] x [k, n] product, the untuned default first."""
+    sms, chunks = _sm_count(device), -(-k // chunk_rows(bits))
+
+    def splits(tiles: int, finer: bool = False) -> Tuple[int, ...]:
+        """Split-K factors that bring tiles * split to about 2 and 4 programs per SM (powers of two), and when
+        `finer` half the first and the factors in between too (3/4 and 3/2 of it: on an H200 at M = 1, 70B-qkv
+        20.5 us at 6 splits against 21.6 at 8, 70B-down 43.5 at 12 against 44.4 at 8;
+        benchmarks/results/2026-12-01-triton-gemv-splits.log)."""
+        want = -(-2 * sms // tiles)
+        split = min(1 << (want - 1).bit_length(), chunks)
+        factors = {split, min(2 * split, chunks)}
+        if finer:
+            factors |= {max(1, split // 2), max(1, 3 * split // 4), min(3 * split // 2, chunks)}
+        return tuple(sorted(factors))
+
+    configs = []
+    if m <= GEMV_MAX_M:
+        # Measured on an H200 (benchmarks/results/2026-11-30-triton-gemv.md): 256 columns on 4 warps (8 columns a
+        # thread) with a 3-stage cp.async pipeline wins on every Llama-2 layer; the others serve small N. Above one
+        # row, a program takes all rows (one read of each weight) or one (fewer registers).
+        for rows in sorted({m_bucket(m), 1}):
+            for block_n, warps, stages in ((256, 4, 3), (256, 4, 2), (128, 4, 3), (64, 4, 2)):
+                configs += [KernelConfig("gemv", block_n=block_n, block_m=rows, split_k=s, num_warps=warps,
+                                         num_stages=stages)
+                            for s in splits(-(-n // block_n) * -(-m // rows), finer=True)]
+    block_m = min(max(16, m_bucket(m)), 128)
+    if m <= 64:
+        for block_n in (128, 64):
+            configs += [KernelConfig("mma", block_n=block_n, block_m=block_m, split_k=s)
+                        for s in splits(-(-n // block_n) * -(-m // block_m))]
+    else:
+        for block_m, block_n, warps, stages in ((block_m, 128, 4, 3), (128, 128, 8, 3), (64, 128, 4, 3),
+                                                (128, 256, 8, 3), (128, 128, 4, 4)):
+            tiles = -(-n // block_n) * -(-m // block_m)
+            split = 1 if tiles >= sms else splits(tiles)[0]
+            configs.append(KernelConfig("mma", block_n=block_n, block_m=block_m, split_k=split, num_warps=warps,
+                                        num_stages=stages))
+    if m >= DEQUANT_MIN_M:
+        configs.append(KernelConfig("dequant"))
+    return list(dict.fromkeys(configs))
+
+
+def _replay_seconds(graph: torch.cuda.CUDAGraph, replays: int = 5) -> float:
+    """Median seconds of one replay of `graph` (after a warm-up replay)."""
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    return statistics.median(times)
+
+
+def tuned_configs() -> Dict[tuple, KernelConfig]:
+    """The configs chosen so far, keyed by (device, dtype, M bucket, N, K, bits, group_size, zeros?, act_order?)."""
+    return dict(_TUNED)
+
+
+def choose_config(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
+                  perm: Optional[torch.Tensor], bias: Optional[torch.Tensor], locks: torch.Tensor, bits: int,
+                  group_size: int, out: torch.Tensor) -> KernelConfig:
+    """The fastest config for this call's (N, K, M bucket), timed once per process on the real tensors.
+
+    Without timing (the interpreter, inside a CUDA-graph capture) the default candidate runs, and is not cached.
+    """
+    m, k = x.shape
+    n = qweight.shape[1]
+    key = (x.device, x.dtype, m_bucket(m), n, k, bits, group_size, zeros is not None, perm is not None)
+    if key in _TUNED:
+        return _TUNED[key]
+    candidates = candidate_configs(m, n, k, bits, x.device)
+    if INTERPRET or x.device.type != "cuda" or torch.cuda.is_current_stream_capturing() or len(candidates) == 1:
+        return candidates[0]
+    runs = []
+    for config in candidates:  # compile them all first (and drop those that do not fit this GPU)
+        try:
+            launch(config, x, qweight, scales, zeros, perm, bias, locks, bits, group_size, out)
+            runs.append(config)
+        except (OutOfResources, triton.CompilationError) as e:
+            warnings.warn(f"triton kernel: skipping {config} for M={m} N={n} K={k}: {type(e).__name__}: {e}")
+    if not runs:
+        raise RuntimeError(f"triton kernel: no candidate config runs for M={m} N={n} K={k} on {x.device}")
+    # Timed as decode runs them: from a CUDA graph (the GPU's time only: timed eagerly, the ~20 us of Python per
+    # launch leaked into the 15-25 us of a decode matmul and reordered close configs), calls back to back over
+    # copies of the weight that together exceed twice the L2 size (each call streams its weight from DRAM, as
+    # in a model; do_bench's flush, a memset, left L2 dirty and favoured other configs than the benchmark's).
+    # TUNING_ROUNDS interleaved rounds, each config's best kept (benchmarks/results/2026-11-30-triton-tuning.log,
+    # 2026-11-30-triton-split-reduce.log).
+    l2_bytes = torch.cuda.get_device_properties(x.device).L2_cache_size
+    copies = min(-(-2 * l2_bytes // qweight.nbytes), TUNING_MAX_COPIES)
+    weights = [qweight] + [qweight.clone() for _ in range(copies - 1)]
+    weights *= -(-TUNING_CALLS // len(weights))
+    graphs = {}
+    for config in runs:
+        graphs[config] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[config]):
+            for weight in weights:
+                launch(config, x, weight, scales, zeros, perm, bias, locks, bits, group_size, out)
+    times = {}
+    for _ in range(TUNING_ROUNDS):
+        for config, graph in graphs.items():
+            t = _replay_seconds(graph) / len(weights)
+            times[config] = min(t, times.get(config, t))
+    _TUNED[key] = min(times, key=times.get)
+    log.debug("tuned M<=%d N=%d K=%d %s: %s", m_bucket(m), n, k, x.dtype, "; ".join(
+        f"{c.path} bn={c.block_n} bm={c.block_m} split={c.split_k} w={c.num_warps} st={c.num_stages} "
+        f"{t * 1e6:.1f} us" for c, t in sorted(times.items(), key=lambda item: item[1])))
+    return _TUNED[key]
+
+
+def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+           zeros: Optional[torch.Tensor], perm: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+           locks: torch.Tensor, bits: int, group_size: int, out: torch.Tensor) -> None:
+    """Write x @ W^T (+ bias) into `out` [M, N] with `config`. x is [M, K] with unit stride along K; `locks` are
+    zeroed int32 split-K counters (`new_locks`), left zeroed."""
+    m, k = x.shape
+    n = qweight.shape[1]
+    group = NO_GROUP if group_size == -1 else group_size
+    group_per_chunk = group_size == -1 or group % chunk_rows(bits) == 0  # at 3 bits (160-row chunks) only for -1
+    flags = dict(BITS=bits, HAS_ZEROS=zeros is not None, GROUP_PER_CHUNK=group_per_chunk, WORDS=WORDS_PER_CHUNK)
+    if config.path == "dequant":
+        weight = torch.empty(n, k, dtype=x.dtype, device=x.device)
+        _dequant_kernel[(triton.cdiv(n, 64), triton.cdiv(k, chunk_rows(bits)))](
+            qweight, scales, zeros, weight, n, k, group, BLOCK_N=64, FIELDS=triton.next_power_of_2(32 // bits),
+            **flags)
+        if perm is not None:
+            x = x.index_select(1, perm)
+        torch.mm(x, weight.t(), out=out)
+        if bias is not None:
+            out += bias
+        return
+    if perm is not None and m > PERMUTE_X_ABOVE_M:
+        x, perm = x.index_select(1, perm), None
+    final = config.split_k == 1
+    partials = out if final else torch.empty(config.split_k, m, n, dtype=torch.float32, device=x.device)
+    args = (x, qweight, scales, zeros, perm, bias, out, partials, locks)
+    flags.update(HAS_PERM=perm is not None, HAS_BIAS=bias is not None, FINAL=final, BLOCK_N=config.block_n,
+                 num_warps=config.num_warps, num_stages=config.num_stages)
+    if config.path == "gemv":
+        grid = (triton.cdiv(n, config.block_n), config.split_k, triton.cdiv(m, config.block_m))
+    else:
+        grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), config.split_k)
+    if not final and grid[0] * (grid[2] if config.path == "gemv" else 1) > locks.numel():
+        raise ValueError(f"{config} for M={m} N={n} splits more output tiles than the {locks.numel()} split-K "
+                         f"counters given (see lock_count)")
+    if config.path == "gemv":
+        _gemv_kernel[grid](*args, m, n, k, group, x.stride(0), n, m * n, X_EXPONENT=X_EXPONENT,
+                           NUM_STAGES=config.num_stages, BLOCK_M=config.block_m, **flags)
+    else:
+        # The interpreter computes bf16 tl.dot wrongly (triton 3.9); it gets the same values widened to fp32.
+        dot_dtype = tl.float32 if INTERPRET else _TL_DTYPES[x.dtype]
+        _mma_kernel[grid](*args, m, n, k, group, x.stride(0), n, m * n, DOT_DTYPE=dot_dtype,
+                          DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32", BLOCK_M=config.block_m,
+                          GROUP_M=8, **flags)
+
+
+def quant_matmul(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Tensor] = None,
+                 out: Optional[torch.Tensor] = None, config: Optional[KernelConfig] = None) -> torch.Tensor:
+    """x [M, K] @ W^T (+ bias) -> [M, N] in x's dtype, written into `out` if given, with `config` or the tuned one."""
+    m, k = x.shape
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    n = weight.qweight.shape[1]
+    if out is None:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if out.shape != (m, n) or not out.is_contiguous() or out.dtype != x.dtype:
+        raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape [{m}, {n}], got {out.dtype} "
+                         f"{list(out.shape)}")
+    if m == 0:
+        return out
+    tensors = (x, weight.qweight, weight.scales, weight.zeros, weight.perm, bias, weight.locks)
+    if config is None:
+        config = choose_config(*tensors, weight.bits, weight.group_size, out)
+    launch(config, *tensors, weight.bits, weight.group_size, out)
+    return out
+
+
+@quant_linear_op("litquant::triton_quant_linear")
+def triton_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
+                        perm: Optional[torch.Tensor], bias: Optional[torch.Tensor], locks: torch.Tensor, bits: int,
+                        group_size: int, out_features: int) -> torch.Tensor:
+    """The custom op behind `TritonQuantLinear.forward`: x [..., K] -> [..., out_features]. `locks` are counted
+    on and reset within the call (as marlin's), so the op declares no mutation."""
+    out = torch.empty(*x.shape[:-1], out_features, dtype=x.dtype, device=x.device)
+    weight = PackedWeight(qweight, scales, zeros, perm, locks, bits, group_size)
+    quant_matmul(x.reshape(-1, x.shape[-1]), weight, bias, out.view(-1, out_features))
+    return out
+
+
+class TritonQuantLinear(QuantLinear):
+    name = "triton"
+    bits = SUPPORTED_BITS
+    group_sizes = (32, 64, 128, 256, -1)
+    dtypes = (torch.float16, torch.bfloat16, torch.float32)
+    devices = ("cuda", "cpu") if INTERPRET else ("cuda",)
+    auto_devices = ("cuda",)  # the interpreter is for tests, never a choice for `auto`
+    min_capability = (8, 0)
+    description = "fused dequant-matmul in Triton: gemv / split-K / tensor cores / dequant+cuBLAS, autotuned per M"
+    # qweight [C, N, 16], scales and zeros [G, N]; the locks are zeroed counters, enough for the sum of the columns
+    concat_dims = {"qweight": 1, "scales": 1, "zeros": 1, "perm": None, "locks": 0}
+
+    @classmethod
+    def unavailable(cls) -> Optional[str]:
+        if INTERPRET or torch.cuda.is_available():
+            return None
+        return "needs a CUDA GPU (or TRITON_INTERPRET=1 set before import, to run it slowly on the CPU)"
+
+    def load_quantized(self, qw: QuantizedWeight) -> None:
+        if (qw.bits, qw.group_size, qw.in_features, qw.out_features) != (
+                self.spec.bits, self.spec.group_size, self.in_features, self.out_features):
+            raise ValueError(f"weight is {qw.bits}-bit g{qw.group_size} {qw.in_features}x{qw.out_features}, the "
+                             f"layer expects {self.spec.bits}-bit g{self.spec.group_size} "
+                             f"{self.in_features}x{self.out_features}")
+        packed = repack(qw)
+        for name in ("qweight", "scales", "zeros", "perm"):
+            self.register_buffer(name, getattr(packed, name))
+        self.register_buffer("locks", packed.locks, persistent=False)
+        self.set_bias(qw.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return triton_quant_linear(x, self.qweight, self.scales, self.zeros, self.perm, self.bias, self.locks,
+                                   self.spec.bits, self.spec.group_size, self.out_features)
