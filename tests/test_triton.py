@@ -97,6 +97,14 @@ def test_4bit_matches_reference(case, dtype, path):
     check_against_references(qw, PATHS[path], dtype, ms=(1, 3) if path == "gemv" else (1, 3, 17))
 
 
+@pytest.mark.parametrize("case", ["g32-act-zp", "g128-act-sym", "g128-sym", "gall-zp"])
+def test_gemv_without_masks_on_even_shapes(case):
+    """M, N and K multiples of the gemv's row block, column block and chunk: its loads go unmasked (EVEN)."""
+    group_size, act_order, zero_point, _ = CASES[case]
+    qw = random_quantized(256, 128, 4, group_size, act_order, zero_point)
+    check_against_references(qw, tk.KernelConfig("gemv", block_n=64, block_m=2, split_k=2), torch.bfloat16, ms=(2, 4))
+
+
 @pytest.mark.parametrize("bits", [2, 3, 8])
 @pytest.mark.parametrize("case", ["g32-act-zp", "g128-sym", "gall-zp"])
 def test_2_3_and_8_bit_match_reference(bits, case):
