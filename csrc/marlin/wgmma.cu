@@ -13,14 +13,17 @@
 //   features by the block's BM activation rows. At BM = 64 that instruction runs at about half the tensor
 //   rate per product (M = 64 without dequantization: 121 us on 70B-up against ~61 at the peak), yet the
 //   other orientation (tokens as A from shared memory, the weights dequantized into shared memory as B) was
-//   33-50% slower still (2026-11-30-wgmma-warpgroups.md).
+//   33-50% slower still (2026-11-30-wgmma-warpgroups.md). Narrower instructions hardly take less time: with
+//   8-, 16- and 32-row tiles, 70B-up took 126-141 us at M = 1..32 against 150-153 on 64-row tiles, so the
+//   instruction count (one per 64 features x 16 k, whatever BM) sets the pace at small M, and decode.cu's
+//   mma.sync is 1.3-2x faster up to 16 rows (2026-12-01-wgmma-small-tiles.md).
 // Weight fragments: the A fragment of warp w of a warpgroup (rows 16w..16w+15 of the 64) is laid out
 //   like mma.m16n8k16's A fragment. In the marlin layout, word j of a lane's uint4 (one 16 x 64 tile)
 //   dequantizes to the B fragments of subtiles 2j and 2j + 1, which together are exactly that A fragment
 //   for output features 16j..16j+15 of the tile: rows g (subtile 2j) and g + 8 (subtile 2j + 1), in the
 //   register order {b0b1 of 2j, b0b1 of 2j+1, b2b3 of 2j, b2b3 of 2j+1}. So warp w reads word w of each
 //   lane's uint4 of its warpgroup's tile, and the instruction covers the tile's 64 features in order.
-// Block tile: for BM = 64 or 128 rows, 256 output features (4 tiles of 64) on four warpgroups, warpgroup
+// Block tile: for BM = 32, 64 or 128 rows, 256 output features (4 tiles of 64) on four warpgroups, warpgroup
 //   h taking tile h (one m64nBMk16 instruction a k16 step: at these sizes the kernel waits on latency more
 //   than on issue, and twice the warps of two-tile warpgroups made M = 64-128 3-9% faster on the layers
 //   that split K, level elsewhere: 2026-11-30-wgmma-warpgroups.md); for BM = 160 or 256 (M > 128), 128 features
@@ -64,7 +67,7 @@ namespace {
 constexpr int kWgK = 64;         // k per stage: one 128-byte row of activations
 constexpr int kGroupM = 8;       // row tiles that sweep the column tiles together (L2 reuse at large M)
 
-// Block tiles (see the top of the file): BM = 64 or 128 rows x 256 columns on four warpgroups, 160 or 256
+// Block tiles (see the top of the file): BM = 32, 64 or 128 rows x 256 columns on four warpgroups, 160 or 256
 // rows x 128 columns on two; each warpgroup one 64-column tile, one instruction a k16 step.
 template <int BM>
 struct WgTile {
@@ -148,6 +151,9 @@ __device__ __forceinline__ void fence_register(float& r) { asm volatile("" : "+f
 #define LQ_D128(d, o) LQ_D64(d, o), LQ_D64(d, (o) + 64)
 #define LQ_D80(d, o) LQ_D64(d, o), LQ_D16(d, (o) + 64)
 #define LQ_A4(a) "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
+#define LQ_WGMMA_OPERANDS_32                                                                          \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, " \
+  "1, 1, 0;\n"
 #define LQ_WGMMA_OPERANDS_64                                                                               \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
   "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
@@ -183,7 +189,10 @@ template <typename T, int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
-  if constexpr (N == 64) {
+  if constexpr (N == 32) {
+    if constexpr (kBf16) asm volatile(LQ_WGMMA(32, "bf16", 21) : LQ_D16(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
+    else asm volatile(LQ_WGMMA(32, "f16", 21) : LQ_D16(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
+  } else if constexpr (N == 64) {
     if constexpr (kBf16) asm volatile(LQ_WGMMA(64, "bf16", 37) : LQ_D32(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
     else asm volatile(LQ_WGMMA(64, "f16", 37) : LQ_D32(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
   } else if constexpr (N == 128) {
@@ -193,7 +202,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
     if constexpr (kBf16) asm volatile(LQ_WGMMA(160, "bf16", 85) : LQ_D80(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
     else asm volatile(LQ_WGMMA(160, "f16", 85) : LQ_D80(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
   } else {
-    static_assert(N == 256, "wgmma_rs is written for 64, 128, 160 and 256 columns");
+    static_assert(N == 256, "wgmma_rs is written for 32, 64, 128, 160 and 256 columns");
     if constexpr (kBf16) asm volatile(LQ_WGMMA(256, "bf16", 133) : LQ_D128(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
     else asm volatile(LQ_WGMMA(256, "f16", 133) : LQ_D128(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
   }
@@ -514,7 +523,7 @@ __global__ void wgmma_sum_splits_kernel(const float4* partial, const T* bias, T*
 // Host side
 // ---------------------------------------------------------------------------------------------
 struct WgmmaPlan {
-  int bm;            // rows per block tile: 64, 128, 160 or 256
+  int bm;            // rows per block tile: 32, 64, 128, 160 or 256
   int grid;          // blocks
   int shared_tiles;  // tiles cut between blocks without k splits (one lock each)
   WgWork work;
@@ -528,14 +537,15 @@ struct WgmmaPlan {
 // block's run at least 8 stages.
 constexpr int block_columns(int bm) { return bm > 128 ? 128 : 256; }
 
-// Rows per block tile: 64 up to M = 64, 128 up to 128; above, the one of 128, 160 and 256 rows with the least
+// Rows per block tile: 32 up to M = 32 (70B-qkv at M = 24/32: 28.0 against 30.5 us on 64-row tiles,
+// 2026-12-01-wgmma-small-tiles.md), 64 up to 64, 128 up to 128; above, the one of 128, 160 and 256 rows with the least
 // cost, tiles x cost per tile, the larger on a tie. The costs per tile, 50 : 68 : 90, are those measured on an H200
 // (M = 300..768, 2026-12-01-wgmma-160-rows.md: 7B-qkv and 70B-up alike); rows past M cost as much as real ones.
 // So M = 129..160 takes one 160-row tile (until then one of 256 rows), 161..256 one 256-row tile, 257..320 two
 // 160-row ones (until then three 128-row ones: 10-25% slower), 321..384 three 128-row ones, 385..512 two 256-row
 // ones, 513..640 five 128-row ones, and so on.
 int block_rows(int M) {
-  if (M <= 128) return M <= 64 ? 64 : 128;
+  if (M <= 128) return M <= 32 ? 32 : M <= 64 ? 64 : 128;
   constexpr int kRows[3] = {256, 160, 128}, kCost[3] = {90, 68, 50};
   int best = 0;
   for (int i = 1; i < 3; ++i) {
@@ -639,6 +649,7 @@ template <typename T>
 const char* dispatch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, const DeviceInfo& device, cudaStream_t stream) {
   const bool z = args.zeros != nullptr;
   switch (plan.bm) {
+    case 32: return z ? launch_wgmma<T, 32, true>(args, plan, device, stream) : launch_wgmma<T, 32, false>(args, plan, device, stream);
     case 64: return z ? launch_wgmma<T, 64, true>(args, plan, device, stream) : launch_wgmma<T, 64, false>(args, plan, device, stream);
     case 128: return z ? launch_wgmma<T, 128, true>(args, plan, device, stream) : launch_wgmma<T, 128, false>(args, plan, device, stream);
     case 160: return z ? launch_wgmma<T, 160, true>(args, plan, device, stream) : launch_wgmma<T, 160, false>(args, plan, device, stream);
