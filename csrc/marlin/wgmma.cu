@@ -539,8 +539,8 @@ constexpr int block_columns(int bm) { return bm > 128 ? 128 : 256; }
 
 // Rows per block tile: 32 up to M = 32 (70B-qkv at M = 24/32: 28.0 against 30.5 us on 64-row tiles,
 // 2026-12-01-wgmma-small-tiles.md), 64 up to 64, 128 up to 128; above, the one of 128, 160 and 256 rows with the
-// least cost, tiles x cost per tile, the larger on a tie. The costs per tile, 50 : 68 : 90, are those measured on an H200
-// (M = 300..768, 2026-12-01-wgmma-160-rows.md: 7B-qkv and 70B-up alike); rows past M cost as much as real ones.
+// least cost, tiles x cost per tile, the larger on a tie. The costs per tile, 50 : 68 : 90, are those measured on an
+// H200 (M = 300..768, 2026-12-01-wgmma-160-rows.md: 7B-qkv and 70B-up alike); rows past M cost as much as real ones.
 // So M = 129..160 takes one 160-row tile (until then one of 256 rows), 161..256 one 256-row tile, 257..320 two
 // 160-row ones (until then three 128-row ones: 10-25% slower), 321..384 three 128-row ones, 385..512 two 256-row
 // ones, 513..640 five 128-row ones, and so on.
