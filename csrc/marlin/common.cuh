@@ -297,9 +297,8 @@ cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, s
 }
 
 // The decode path (decode.cu) for up to 16 activation rows, 32 on layers twice as wide as deep or as deep as
-// wide (and K a multiple of 128):
-// `decode_serves` says whether it takes the call, `decode_partial_floats` is the fp32 scratch it needs and
-// `decode_gemm` runs it.
+// wide (and K a multiple of 128): `decode_serves` says whether it takes the call, `decode_partial_floats` is the
+// fp32 scratch it needs and `decode_gemm` runs it.
 bool decode_serves(int M, int K, int N);
 int64_t decode_partial_floats(const DeviceInfo& device, int M, int K, int N);
 const char* decode_gemm(const GemmArgs& args, bool is_bf16, const DeviceInfo& device, cudaStream_t stream);
