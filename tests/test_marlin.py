@@ -243,7 +243,9 @@ def test_contract():
 # ------------------------------------------------------------------------------------------------
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2}  # ||out - ref|| / ||ref||
 ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 24, 32, 33, 64, 100, 150, 255, 256, 300, 600, 800, 1024, 4096)
-LLAMA_SHAPES = [(4096, 12288), (4096, 11008), (11008, 4096), (8192, 28672), (4096, 14336), (8192, 10240)]
+# (8192 x 8192, Llama-2-70B's attention output, takes decode.cu's wide blocks on Hopper: 4 splits -> 2 of 8 warps)
+LLAMA_SHAPES = [(4096, 12288), (4096, 11008), (11008, 4096), (8192, 28672), (4096, 14336), (8192, 10240),
+                (8192, 8192)]
 SMALL_SHAPES = [(64, 64), (128, 192), (192, 320), (576, 960), (320, 128), (256, 384), (384, 256), (512, 128)]
 
 
@@ -361,7 +363,7 @@ def test_gpu_small_shapes(shape, group_size):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("group_size, sym", [(-1, True), (64, False), (128, True), (128, False)])
-@pytest.mark.parametrize("shape", [(4096, 11008), (8192, 28672), (11008, 4096), (384, 256)],
+@pytest.mark.parametrize("shape", [(4096, 11008), (8192, 28672), (11008, 4096), (8192, 8192), (384, 256)],
                          ids=lambda s: f"{s[0]}x{s[1]}")
 def test_gpu_fused_paths_are_as_accurate_as_the_reference(dtype, group_size, sym, shape):
     """Against the exact product (fp64), no fused path's error may exceed the torch reference's by more than
@@ -435,13 +437,13 @@ def test_gpu_cuda_graph_and_compile(rows, columns):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 4, 64, 300])
+@pytest.mark.parametrize("rows, width", [(1, 2048), (4, 2048), (64, 2048), (300, 2048), (1, 8192)])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_gpu_layers_in_a_chain_read_each_others_outputs(rows, graph):
+def test_gpu_layers_in_a_chain_read_each_others_outputs(rows, width, graph):
     """Each layer's input is the previous layer's output, launched back to back (no kernel in between): on
     Hopper a kernel starts while the one before it still runs (programmatic dependent launch) and must wait
     for it before reading its input. Every output buffer is NaN-poisoned first, so an early read shows."""
-    dtype, width, layers = torch.bfloat16, 2048, 6
+    dtype, layers = torch.bfloat16, 6
     weights = [random_quantized_weight(width, width, 128, sym=i % 2 == 0, act_order=False, device="cuda",
                                        bias=i % 3 == 0) for i in range(layers)]
     modules = [marlin_module(qw, dtype) for qw in weights]

@@ -7,8 +7,8 @@
 // The multiplication (TokensOnTensorCores) runs on mma.sync with the tokens as the B operand, 8 tokens an
 // instruction, one, two or four blocks of 8: the codes go into the mma biased and unscaled (one shift and one
 // lop3 a pair), and each quantization group's scale and zero point are applied to its fp32 sums.
-// Work split: a block of kWarps warps takes one 64-column tile and one of `splits` k ranges; its warps
-//   take consecutive 128-row chunks of that range. A warp streams its chunks through a ring of 8
+// Work split: a block of kWarps warps (8 where `plan_decode` widens it) takes one 64-column tile and one of
+//   `splits` k ranges; its warps take consecutive 128-row chunks of that range. A warp streams its chunks through a ring of 8
 //   registers (uint4), each refilled with the next chunk's tile as soon as it is read: 4 KB a warp in
 //   flight, 64 KB an SM at 4 blocks (a deeper ring, 8-16 tiles in shared memory filled by cp.async, was
 //   slower on nearly every layer, by up to 22%: benchmarks/results/2026-12-01-decode-streaming.md).
@@ -25,7 +25,7 @@
 namespace litquant_marlin {
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 4;       // a block's warps, but for the wide blocks of `plan_decode`
 constexpr int kChunkTiles = 8;  // k16 tiles per chunk: 128 rows, 8 uint4 per lane
 constexpr int kMaxRows = 32;    // four blocks of 8 tokens
 
@@ -330,24 +330,26 @@ __device__ __forceinline__ float2 load_from_block(const float* local, int rank) 
 
 // A block's shared memory: the warps' staging while they stream, then their sums (dynamic: 68 KB with four
 // token blocks).
-template <typename Multiplier>
+template <typename Multiplier, int kBlockWarps>
 union DecodeShared {
-  typename Multiplier::Staging staging[kWarps];
-  float sums[kWarps][Multiplier::kRows][64];
+  typename Multiplier::Staging staging[kBlockWarps];
+  float sums[kBlockWarps][Multiplier::kRows][64];
 };
 
-template <typename Multiplier, int kGroupTiles>
-__global__ void __launch_bounds__(kWarps * 32, Multiplier::kBlocksPerSm)
+// (kBlockWarps blocks resident per SM hold as many warps as kBlocksPerSm blocks of kWarps.)
+template <typename Multiplier, int kGroupTiles, int kBlockWarps>
+__global__ void __launch_bounds__(kBlockWarps * 32, Multiplier::kBlocksPerSm * kWarps / kBlockWarps)
     marlin_decode_kernel(const GemmArgs args, int splits, bool clustered) {
   using T = typename Multiplier::Element;
   extern __shared__ uint4 dynamic_shared[];
-  DecodeShared<Multiplier>& shared = *reinterpret_cast<DecodeShared<Multiplier>*>(dynamic_shared);
+  using Shared = DecodeShared<Multiplier, kBlockWarps>;
+  Shared& shared = *reinterpret_cast<Shared*>(dynamic_shared);
   __shared__ bool last_block;
   allow_dependent_launch();
   const int column_tile = blockIdx.x, split = blockIdx.y, warp = threadIdx.x / 32, t = threadIdx.x;
   const int chunks = args.K / (kChunkTiles * 16);
-  // warp w of split y takes the (y * kWarps + w)-th of splits * kWarps near-equal runs of chunks
-  const int runs = splits * kWarps, run = split * kWarps + warp;
+  // warp w of split y takes the (y * kBlockWarps + w)-th of splits * kBlockWarps near-equal runs of chunks
+  const int runs = splits * kBlockWarps, run = split * kBlockWarps + warp;
   {
     Multiplier math(args, column_tile, shared.staging[warp]);
     stream_chunks<kGroupTiles>(math, args, column_tile, chunks * run / runs, chunks * (run + 1) / runs);
@@ -369,26 +371,26 @@ __global__ void __launch_bounds__(kWarps * 32, Multiplier::kBlocksPerSm)
   auto warp_sum = [&](int i) {
     float2 total = make_float2(0.f, 0.f);
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
+    for (int w = 0; w < kBlockWarps; ++w) {
       const float* sums = &shared.sums[w][i / 32][2 * (i % 32)];
       total.x += sums[0], total.y += sums[1];
     }
     return total;
   };
   if (splits == 1) {
-    for (int i = t; i < pairs; i += kWarps * 32) write(i, warp_sum(i));
+    for (int i = t; i < pairs; i += kBlockWarps * 32) write(i, warp_sum(i));
     return;
   }
   if (clustered) {  // the splits of this column tile are one cluster, block `split` its rank
     // Each block adds up its warps' sums (into warp 0's place), then takes its share of the tile's pairs
     // and adds up the blocks' sums in rank order, reading them from their shared memory. The second
     // barrier keeps every block's shared memory alive until the others have read it.
-    for (int i = t; i < pairs; i += kWarps * 32) {
+    for (int i = t; i < pairs; i += kBlockWarps * 32) {
       const float2 total = warp_sum(i);
       shared.sums[0][i / 32][2 * (i % 32)] = total.x, shared.sums[0][i / 32][2 * (i % 32) + 1] = total.y;
     }
     cluster_sync();
-    for (int i = pairs * split / splits + t; i < pairs * (split + 1) / splits; i += kWarps * 32) {
+    for (int i = pairs * split / splits + t; i < pairs * (split + 1) / splits; i += kBlockWarps * 32) {
       float2 total = make_float2(0.f, 0.f);
       for (int rank = 0; rank < splits; ++rank) {
         const float2 v = load_from_block(&shared.sums[0][i / 32][2 * (i % 32)], rank);
@@ -401,7 +403,7 @@ __global__ void __launch_bounds__(kWarps * 32, Multiplier::kBlocksPerSm)
   }
   float2* partial = reinterpret_cast<float2*>(args.partial);
   const size_t split_pairs = (size_t)args.M * row_pairs;
-  for (int i = t; i < pairs; i += kWarps * 32) partial[split * split_pairs + at(i)] = warp_sum(i);
+  for (int i = t; i < pairs; i += kBlockWarps * 32) partial[split * split_pairs + at(i)] = warp_sum(i);
   // One add with release and acquire semantics by one thread, after the block barrier (in place of a fence by
   // every thread before a relaxed add, and another after it): 1-3% faster on the layers of 4 and 8 splits
   // (7B-down M = 1 11.2 -> 10.8 us, 70B-qkv 18.5 -> 18.2).
@@ -409,7 +411,7 @@ __global__ void __launch_bounds__(kWarps * 32, Multiplier::kBlocksPerSm)
   if (t == 0) last_block = add_acq_rel(&args.locks[column_tile], 1) == splits - 1;
   __syncthreads();
   if (!last_block) return;
-  for (int i = t; i < pairs; i += kWarps * 32) {
+  for (int i = t; i < pairs; i += kBlockWarps * 32) {
     float2 total = make_float2(0.f, 0.f);
     for (int y = 0; y < splits; ++y) {
       const float2 v = __ldcg(partial + y * split_pairs + at(i));
@@ -473,24 +475,40 @@ bool decode_clustered(const DeviceInfo& device, int splits) {
 struct DecodePlan {
   int splits;
   bool dependent, clustered;
+  int warps;  // a block's: kWarps, or 8
 };
 
+// Wide blocks: with one token block on Hopper, 4 splits of 4-warp blocks that fit in one wave run as 2 splits of
+// 8-warp blocks, which add up in a cluster of 2 (the same warps on the same chunks, no lock path). Measured on an
+// H200 (interleaved, M = 1..8; benchmarks/results/2026-12-01-decode-wide-blocks.md): 70B-down (512 blocks)
+// 4-5% less time, bf16 and fp16; on 70B-qkv (640 blocks, 1.2 waves) 11-15% more, and on 7B-down (8 splits) as
+// 4 splits of 8 warps or 2 of 16 warps -6..+5%, so those keep 4-warp blocks.
 DecodePlan plan_decode(const DeviceInfo& device, int M, int K, int N) {
-  const int splits = decode_splits(device, M, K, N);
-  return {splits, decode_launch_dependent(device, M, N / 64 * splits), decode_clustered(device, splits)};
+  int splits = decode_splits(device, M, K, N), warps = kWarps;
+  if (device.major >= 9 && M <= 8 && splits == 4 && N / 64 * splits <= blocks_per_sm(M) * device.sms)
+    splits = 2, warps = 8;
+  return {splits, decode_launch_dependent(device, M, N / 64 * splits * warps / kWarps),
+          decode_clustered(device, splits), warps};
 }
 
-template <typename Multiplier, int kGroupTiles>
-const char* launch(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
-  const auto kernel = marlin_decode_kernel<Multiplier, kGroupTiles>;
-  constexpr int kSmem = sizeof(DecodeShared<Multiplier>);
+template <typename Multiplier, int kGroupTiles, int kBlockWarps>
+const char* launch_blocks(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
+  const auto kernel = marlin_decode_kernel<Multiplier, kGroupTiles, kBlockWarps>;
+  constexpr int kSmem = sizeof(DecodeShared<Multiplier, kBlockWarps>);
   cudaError_t err = cudaSuccess;
   if constexpr (kSmem > 48 * 1024)  // past the default limit of dynamic shared memory: four token blocks
     err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err == cudaSuccess)
-    err = launch_dependent(kernel, dim3(args.N / 64, plan.splits), dim3(kWarps * 32), kSmem, stream, plan.dependent,
-                           plan.clustered ? plan.splits : 1, args, plan.splits, plan.clustered);
+    err = launch_dependent(kernel, dim3(args.N / 64, plan.splits), dim3(kBlockWarps * 32), kSmem, stream,
+                           plan.dependent, plan.clustered ? plan.splits : 1, args, plan.splits, plan.clustered);
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+template <typename Multiplier, int kGroupTiles>
+const char* launch(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
+  if constexpr (Multiplier::kRows == 8)  // (wide blocks: one token block only)
+    if (plan.warps == 8) return launch_blocks<Multiplier, kGroupTiles, 8>(args, plan, stream);
+  return launch_blocks<Multiplier, kGroupTiles, kWarps>(args, plan, stream);
 }
 
 template <typename T, int kTokenBlocks, bool kHasZeros>

@@ -174,6 +174,8 @@ class MarlinQuantLinear(QuantLinear):
     # wgmma (Hopper), bf16 g128, all six Llama-2 7B/70B layers (benchmarks/dense_threshold.py,
     # results/2026-12-01-dense-threshold.log): 4-bit fused 4-10% faster than dense at M=1024, at 1536 2-10%
     # faster on four layers and 1-16% slower on the two down projections, at 2048 dense 5-20% faster on all six.
+    # Dequantizing in column chunks small enough to stay in L2 (one reused buffer, a GEMM per chunk) was 0.5-5%
+    # faster at M=4096 and up to 20% slower at M=1024-2048 (results/2026-12-01-dense-chunks.log): not kept.
     wgmma_dense_from_m: ClassVar[int] = 1536
     # 8-bit: the fused kernels do twice the tensor-core work (two planes), the dense path one dequantization
     # (litquant_marlin_dequant adds the planes). Level at M=192..256 (each faster on three layers), dense
