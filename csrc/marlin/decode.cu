@@ -8,10 +8,10 @@
 // instruction, one, two or four blocks of 8: the codes go into the mma biased and unscaled (one shift and one
 // lop3 a pair), and each quantization group's scale and zero point are applied to its fp32 sums.
 // Work split: a block of kWarps warps (8 where `plan_decode` widens it) takes one 64-column tile and one of
-//   `splits` k ranges; its warps take consecutive 128-row chunks of that range. A warp streams its chunks through a ring of 8
-//   registers (uint4), each refilled with the next chunk's tile as soon as it is read: 4 KB a warp in
-//   flight, 64 KB an SM at 4 blocks (a deeper ring, 8-16 tiles in shared memory filled by cp.async, was
-//   slower on nearly every layer, by up to 22%: benchmarks/results/2026-12-01-decode-streaming.md).
+//   `splits` k ranges; its warps take consecutive 128-row chunks of that range. A warp streams its chunks
+//   through a ring of 8 registers (uint4), each refilled with the next chunk's tile as soon as it is read:
+//   4 KB a warp in flight, 64 KB an SM at 4 blocks (a deeper ring, 8-16 tiles in shared memory filled by
+//   cp.async, was slower on nearly every layer, by up to 22%: benchmarks/results/2026-12-01-decode-streaming.md).
 //   Warps add up through shared memory; with several splits, each block writes fp32 partial sums and
 //   the last block of a column tile to finish (counted on its lock, which it then resets to zero) adds
 //   them up and writes the output; on Hopper, 2 splits are a cluster of 2 blocks that add up each other's
