@@ -243,9 +243,10 @@ def test_contract():
 # ------------------------------------------------------------------------------------------------
 TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1e-2}  # ||out - ref|| / ||ref||
 ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 24, 32, 33, 64, 100, 150, 255, 256, 300, 600, 800, 1024, 4096)
-# (8192 x 8192, Llama-2-70B's attention output, takes decode.cu's wide blocks on Hopper: 4 splits -> 2 of 8 warps)
+# (the attention outputs of Llama-2-70B, 8192 x 8192, and -7B, 4096 x 4096, take decode.cu's wide blocks on Hopper:
+# 4 splits -> 2 of 8 warps)
 LLAMA_SHAPES = [(4096, 12288), (4096, 11008), (11008, 4096), (8192, 28672), (4096, 14336), (8192, 10240),
-                (8192, 8192)]
+                (8192, 8192), (4096, 4096)]
 SMALL_SHAPES = [(64, 64), (128, 192), (192, 320), (576, 960), (320, 128), (256, 384), (384, 256), (512, 128)]
 
 

@@ -478,14 +478,18 @@ struct DecodePlan {
   int warps;  // a block's: kWarps, or 8
 };
 
-// Wide blocks: with one token block on Hopper, 4 splits of 4-warp blocks that fit in one wave run as 2 splits of
-// 8-warp blocks, which add up in a cluster of 2 (the same warps on the same chunks, no lock path). Measured on an
-// H200 (interleaved, M = 1..8; benchmarks/results/2026-12-01-decode-wide-blocks.md): 70B-down (512 blocks)
-// 4-5% less time, bf16 and fp16; on 70B-qkv (640 blocks, 1.2 waves) 11-15% more, and on 7B-down (8 splits) as
-// 4 splits of 8 warps or 2 of 16 warps -6..+5%, so those keep 4-warp blocks.
+// Wide blocks: with one token block on Hopper, a layer of 4 splits of 4-warp blocks that fit in one wave runs as
+// 2 splits of 8-warp blocks, which add up in a cluster of 2 (the same warps on the same chunks, no lock path),
+// when that puts no more warps on the busiest SM. Measured on an H200 (interleaved, M = 1..8, bf16 and fp16;
+// benchmarks/results/2026-12-01-decode-wide-blocks.md): 70B-down and the 70B attention output (512 blocks -> 256,
+// 16 warps on an SM either way) 3-5% less time, the 7B attention output (256 -> 128, 8 warps) 0-6% less; Llama-3-8B
+// qkv (384 blocks, at most 12 warps an SM -> 192 blocks, 16) 6-13% more, 70B-qkv (640 blocks, 1.2 waves) 11-15%
+// more; 7B-down's 8 splits as 4 of 8 warps or 2 of 16 warps -6..+5%, so those keep 4-warp blocks.
 DecodePlan plan_decode(const DeviceInfo& device, int M, int K, int N) {
   int splits = decode_splits(device, M, K, N), warps = kWarps;
-  if (device.major >= 9 && M <= 8 && splits == 4 && N / 64 * splits <= blocks_per_sm(M) * device.sms)
+  const int blocks = N / 64 * splits, most_on_an_sm = (blocks + device.sms - 1) / device.sms;
+  if (device.major >= 9 && M <= 8 && splits == 4 && blocks <= blocks_per_sm(M) * device.sms &&
+      2 * ((blocks / 2 + device.sms - 1) / device.sms) <= most_on_an_sm)
     splits = 2, warps = 8;
   return {splits, decode_launch_dependent(device, M, N / 64 * splits * warps / kWarps),
           decode_clustered(device, splits), warps};
