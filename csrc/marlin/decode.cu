@@ -482,7 +482,7 @@ struct DecodePlan {
 // 2 splits of 8-warp blocks, which add up in a cluster of 2 (the same warps on the same chunks, no lock path),
 // when that puts no more warps on the busiest SM. Measured on an H200 (interleaved, M = 1..8, bf16 and fp16;
 // benchmarks/results/2026-12-01-decode-wide-blocks.md): 70B-down and the 70B attention output (512 blocks -> 256,
-// 16 warps on an SM either way) 3-5% less time, the 7B attention output (256 -> 128, 8 warps) 0-6% less; Llama-3-8B
+// 16 warps on an SM either way) 3-5% and 0-4% less time, the 7B attention output (256 -> 128, 8 warps) 0-6%; Llama-3-8B
 // qkv (384 blocks, at most 12 warps an SM -> 192 blocks, 16) 6-13% more, 70B-qkv (640 blocks, 1.2 waves) 11-15%
 // more; 7B-down's 8 splits as 4 of 8 warps or 2 of 16 warps -6..+5%, so those keep 4-warp blocks.
 DecodePlan plan_decode(const DeviceInfo& device, int M, int K, int N) {
