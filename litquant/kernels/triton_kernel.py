@@ -42,9 +42,9 @@ Paths, picked per (device, dtype, N, K, M bucket) by timing the candidates once 
     (2026-12-01-triton-mma-one-dot.log); and with the words read as bytes, one K = 64 dot per nibble plane against
     x permuted to match (the bytes load from shared memory straight into the dot operand's layout), the best
     config was 0.33-0.55x cuBLAS at M = 256 and 0.56-0.69x at M = 4096 (2026-12-01-triton-byte-planes.log). The
-    dequant path is already at ~87% of its bandwidth bound (it must
-    write 2 bytes per weight), so dequant + cuBLAS cannot pass ~0.5x of cuBLAS at M = 256: the large-M target
-    needs a fused wgmma kernel, which Triton did not give here.
+    dequant path is already at ~87% of its bandwidth bound (it must write 2 bytes per weight), so dequant +
+    cuBLAS cannot pass ~0.5x of cuBLAS at M = 256: the large-M target needs a fused wgmma kernel, which Triton
+    did not give here.
 """
 import logging
 import os
