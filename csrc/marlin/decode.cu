@@ -490,9 +490,8 @@ DecodePlan plan_decode(const DeviceInfo& device, int M, int K, int N) {
   const int blocks = N / 64 * splits, most_on_an_sm = (blocks + device.sms - 1) / device.sms;
   if (device.major >= 9 && M <= 8 && splits == 4 && blocks <= blocks_per_sm(M) * device.sms &&
       2 * ((blocks / 2 + device.sms - 1) / device.sms) <= most_on_an_sm)
-    splits = 2, warps = 8;
-  return {splits, decode_launch_dependent(device, M, N / 64 * splits * warps / kWarps),
-          decode_clustered(device, splits), warps};
+    splits = 2, warps = 8;  // (the same warps: `blocks` still counts them in blocks of kWarps)
+  return {splits, decode_launch_dependent(device, M, blocks), decode_clustered(device, splits), warps};
 }
 
 template <typename Multiplier, int kGroupTiles, int kBlockWarps>
