@@ -18,6 +18,14 @@ captured is timed eagerly (CUDA events around a loop) and marked so. The device-
 measured in the same run; each row reports the effective weight bandwidth (bytes of the layer's weights in that
 kernel's format over the time), its fraction of the copy bandwidth, and the speedup over `cublas`.
 Writes kernels.json and kernels.md to --out-dir.
+
+Power: from M = 256 on, the kernels (cuBLAS and the quantized ones alike) run an H200 at its 700 W cap, and its SM
+clock then drops from 1.98 GHz to 1.3-1.7 GHz within a second; a cell timed right after a heavy one inherits the
+lowered clock (marlin on 70B-up at M = 256: 342 us from idle, 384 after a second of itself, 521 right after a
+second of cuBLAS at M = 1024; benchmarks/results/2026-12-01-power-state.log). `--settle S` replays each cell for S
+seconds before timing it, so that every kernel is timed at its own steady clock, as in a long prefill:
+
+    python benchmarks/kernels.py --out-dir /tmp/q --m 256,1024,4096 --kernels marlin,triton,cublas --settle 0.5
 """
 import argparse
 import datetime
@@ -144,8 +152,9 @@ def weight_bytes(name: str, k: int, n: int, bits: int, group_size: int, dtype: t
 
 
 def time_calls(fns: List[Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor,
-               replays: int = 10) -> Tuple[float, str]:
-    """Median seconds per call, rotating over `fns`, replayed from a CUDA graph (or eagerly if capture fails)."""
+               replays: int = 10, settle_s: float = 0.0) -> Tuple[float, str]:
+    """Median seconds per call, rotating over `fns`, replayed from a CUDA graph (or eagerly if capture fails),
+    after `settle_s` seconds of untimed replays."""
     for fn in fns:  # warm up: compile, autotune, allocate
         fn(x)
     torch.cuda.synchronize()
@@ -182,6 +191,10 @@ def time_calls(fns: List[Callable[[torch.Tensor], torch.Tensor]], x: torch.Tenso
         method, replay = "eager", run
     replay()
     torch.cuda.synchronize()
+    settle_until = time.perf_counter() + settle_s
+    while time.perf_counter() < settle_until:
+        replay()
+        torch.cuda.synchronize()
     times = []
     for _ in range(replays):
         start.record()
@@ -210,7 +223,7 @@ def benchmark(args: argparse.Namespace) -> dict:
     result = dict(meta=dict(device=props.name, torch=torch.__version__, triton=_version("triton"),
                             date=datetime.datetime.now().isoformat(timespec="seconds"), copy_TBps=copy_bps / 1e12,
                             l2_MiB=l2_bytes >> 20, bits=args.bits, group_size=args.group_size, sym=args.sym,
-                            command=" ".join(sys.argv)),
+                            settle_s=args.settle, command=" ".join(sys.argv)),
                   rows=rows, skipped=skipped, triton_configs=tuned)
     for dtype_name in args.dtypes:
         dtype = DTYPES[dtype_name]
@@ -241,7 +254,7 @@ def benchmark(args: argparse.Namespace) -> dict:
                            for seed in range(copies)]
                     for m in args.m:
                         x = torch.randn(m, k, device=device).to(dtype)
-                        seconds, method = time_calls(fns, x)
+                        seconds, method = time_calls(fns, x, settle_s=args.settle)
                         shape_rows.append(dict(kernel=name, shape=shape, K=k, N=n, M=m, dtype=dtype_name,
                                                us=seconds * 1e6, weight_bytes=nbytes, copies=copies, timing=method,
                                                eff_TBps=nbytes / seconds / 1e12,
@@ -279,7 +292,8 @@ def markdown(result: dict) -> str:
     lines = [f"# Kernel benchmark: {meta['device']}, {meta['bits']}-bit g{meta['group_size']}, {weights}",
              "", f"torch {meta['torch']}, triton {meta['triton']}, {meta['date']}; "
              f"device-to-device copy {meta['copy_TBps']:.2f} TB/s.",
-             "Each cell: microseconds per call / speedup over dense cuBLAS / fraction of copy bandwidth.", ""]
+             "Each cell: microseconds per call / speedup over dense cuBLAS / fraction of copy bandwidth"
+             + (f", timed after {meta['settle_s']:g} s of the same calls." if meta.get("settle_s") else "."), ""]
     rows = result["rows"]
     for dtype in dict.fromkeys(r["dtype"] for r in rows):
         for shape in dict.fromkeys(r["shape"] for r in rows if r["dtype"] == dtype):
@@ -314,6 +328,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--group-size", type=int, default=128)
     parser.add_argument("--sym", action="store_true",
                         help="symmetric weights (GPTQ's default: no zero points) instead of random zero points")
+    parser.add_argument("--settle", type=float, default=0.0,
+                        help="seconds of untimed replays before each cell is timed, to let the GPU's clock settle "
+                             "at that kernel's own power draw (0.5 suits M >= 256 on an H200)")
     parser.add_argument("--torch-max-weights", type=float, default=1.2e8,
                         help="skip the slow torch reference kernel above this many weights")
     args = parser.parse_args(argv)
