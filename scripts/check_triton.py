@@ -74,10 +74,10 @@ def record_launches():
                         x, out = torch.randn(m, k, dtype=dtype), torch.empty(m, n, dtype=dtype)
                         for config in tk.candidate_configs(m, n, k, bits, torch.device("cpu")):
                             if config.path != "dequant":  # the dequant path multiplies by cuBLAS: not recorded
-                                tk.launch(config, x, packed.qweight, packed.scales, packed.zeros, packed.perm, bias,
+                                tk.launch(config, x, packed.qweight, packed.scale_zero, packed.perm, bias,
                                           packed.locks, bits, group_size, out)
-                        tk.launch(tk.KernelConfig("dequant"), x, packed.qweight, packed.scales, packed.zeros,
-                                  packed.perm, bias, packed.locks, bits, group_size, out)
+                        tk.launch(tk.KernelConfig("dequant"), x, packed.qweight, packed.scale_zero, packed.perm,
+                                  bias, packed.locks, bits, group_size, out)
     finally:
         for name, kernel in originals.items():
             setattr(tk, name, kernel)

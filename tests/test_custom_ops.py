@@ -54,7 +54,7 @@ def test_triton_op_is_registered_with_a_fake():
     model = TwoLayerMLP("triton", torch.float16)
     up = model.up
     x = torch.randn(3, 5, 128, device=DEVICE, dtype=torch.float16)
-    args = (x, up.qweight, up.scales, up.zeros, up.perm, up.bias, up.locks, 4, 32, up.out_features)
+    args = (x, up.qweight, up.scale_zero, up.perm, up.bias, up.locks, 4, 32, up.out_features)
     torch.library.opcheck(triton_kernel.triton_quant_linear, args)  # schema, fake tensor and AOT dispatch checks
     meta = [a.to("meta") if isinstance(a, torch.Tensor) else a for a in args]
     out = torch.ops.litquant.triton_quant_linear(*meta)

@@ -106,14 +106,16 @@ def test_gemv_without_masks_on_even_shapes(case):
 
 
 @pytest.mark.parametrize("bits", [2, 3, 8])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("case", ["g32-act-zp", "g128-sym", "gall-zp"])
-def test_2_3_and_8_bit_match_reference(bits, case):
+def test_2_3_and_8_bit_match_reference(bits, dtype, case):
+    """(On a GPU, the mma path dequantizes 8-bit codes in 16 bits for fp16 and in fp32 for bf16.)"""
     group_size, act_order, zero_point, k = CASES[case]
     qw = random_quantized(k, 40, bits, group_size, act_order, zero_point, seed=bits)
     # split_k 3 over 1-2 chunks: some splits get no chunk and must add zeros
     for config in (tk.KernelConfig("gemv", block_n=64, block_m=1), tk.KernelConfig("mma", block_n=32, split_k=3),
                    PATHS["dequant"]):
-        check_against_references(qw, config, torch.bfloat16, ms=(1, 5))
+        check_against_references(qw, config, dtype, ms=(1, 5))
 
 
 @pytest.mark.parametrize("path", ["gemv", "mma"])
@@ -154,11 +156,12 @@ def test_split_k_counters_reset(config):
         assert relative_error(out, exact) <= TOLERANCE[torch.float16]
         assert not packed.locks.any(), "split-K counters left non-zero"
     with pytest.raises(ValueError, match="splits more output tiles than the 1 split-K counters given"):
-        tk.launch(config, x, packed.qweight, packed.scales, packed.zeros, None, None, packed.locks[:1], 4, 64, out)
+        tk.launch(config, x, packed.qweight, packed.scale_zero, None, None, packed.locks[:1], 4, 64, out)
 
 
 def test_packed_layout():
-    """Field j of word (c, n, w) holds the code of sorted input row c*ROWS + 16*j + w (the layout contract)."""
+    """Field j of word (c, n, w) holds the code of sorted input row c*ROWS + 16*j + w (the layout contract), and
+    scale_zero[g, n] the fp16 scale's bits low and the zero point high."""
     qw = random_quantized(256, 8, 4, 128, act_order=True, zero_point=True)
     packed = tk.repack(qw)
     assert packed.qweight.shape == (2, 8, 16) and packed.qweight.dtype == torch.int32
@@ -166,8 +169,8 @@ def test_packed_layout():
     fields = (packed.qweight.unsqueeze(-1).long() >> shifts) & 15  # [c, n, w, j]
     rows = fields.permute(0, 3, 2, 1).reshape(256, 8)  # row c*128 + 16*j + w
     assert torch.equal(rows.to(torch.uint8), qw.codes[packed.perm.long()])
-    assert torch.equal(packed.zeros, (-(1 + qw.zeros.float() / 16)).half())
-    assert tk.repack(random_quantized(256, 8, 4, 128, act_order=False, zero_point=False)).zeros is None
+    assert torch.equal(packed.scale_zero >> 16, qw.zeros.int())
+    assert torch.equal((packed.scale_zero & 0xFFFF).to(torch.int16).view(torch.float16), qw.scales)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])

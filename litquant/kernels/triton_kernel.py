@@ -13,21 +13,23 @@ Layout (built once at load by `repack`, with vectorized torch on the target devi
       too, so does the whole chunk (`GROUP_PER_CHUNK`: scales are then loaded once per chunk).
     act_order (GPTQ desc_act): rows are sorted by group (`perm`), which makes the groups contiguous again; the
     kernels read activation column perm[k] for sorted row k (for large M, x is permuted once instead).
-    `scales` stay fp16 [G, N]; zero points become `zeros = -(1 + z / 2**bits)`, fp16 [G, N] and exact, and are
-    dropped for symmetric weights (z = 2**(bits-1) everywhere).
+    `scale_zero` (int32 [G, N]) holds each group's fp16 scale in its low 16 bits and its zero point z (an integer;
+    2**(bits-1) for symmetric weights) in the high 16: one 4-byte load, which Triton's pipeliner copies ahead with
+    cp.async (a 2-byte one it loads in the loop, and the mma path waited on it every chunk).
 
 Dequantization without int-to-float conversions
     A field q shifted under the exponent of 1.0 (one shift, one AND/OR) is the fp32 value f = 1 + q / 2**bits,
     exactly: the "magic number" conversion that FasterTransformer and Marlin use in fp16, here in fp32 so every
-    bit width fits. Then f + zeros = (q - z) / 2**bits exactly, and the weight is 2**bits * s * (f + zeros).
+    bit width fits. Then f + zeros = (q - z) / 2**bits exactly, with zeros = -(1 + z / 2**bits), and the weight is
+    2**bits * s * (f + zeros). The mma path dequantizes in 16 bits instead (`_field_pairs`).
 
 Paths, picked per (device, dtype, N, K, M bucket) by timing the candidates once (`choose_config`)
     gemv     BLOCK_M activation rows per program, [BLOCK_N, 16] word tiles, fp32 FMAs on the CUDA cores, split-K over
              chunks for occupancy, chunks streamed through a cp.async pipeline: decode (M = 1..4), memory bound.
              Fields are read as denormal floats (`_field_product`): one AND and one FMA per weight.
     mma      tensor cores: out^T = W @ x^T for a [BLOCK_N, BLOCK_M] tile, per chunk one K = 16 dot per field, the
-             dequantized weights being the register operand; split-K when the tiles alone do not fill the GPU,
-             grouped tile order for L2 reuse at large M.
+             weights being the register operand, dequantized in 16 bits where it lies (`_field_pairs`); split-K
+             when the tiles alone do not fill the GPU, grouped tile order for L2 reuse at large M.
     dequant  `_dequant_kernel` writes the whole weight in the activation dtype (one [BLOCK_N, ROWS] tile per
              chunk), then cuBLAS: for large, compute-bound M.
     Split-K partial sums go to an fp32 buffer [SPLIT_K, M, N]; the last program of each output tile to finish
@@ -82,8 +84,7 @@ class PackedWeight:
     """A `QuantizedWeight` in this kernel's layout (see the module docstring)."""
 
     qweight: torch.Tensor  # int32 [C, N, 16]
-    scales: torch.Tensor  # float16 [G, N]
-    zeros: Optional[torch.Tensor]  # float16 [G, N], -(1 + z / 2**bits); None for symmetric weights
+    scale_zero: torch.Tensor  # int32 [G, N]: fp16 scale bits | zero point << 16
     perm: Optional[torch.Tensor]  # int32 [K]: sorted row k is input channel perm[k]; None without act_order
     locks: torch.Tensor  # int32 split-K arrival counters (`new_locks`): zero between calls
     bits: int
@@ -116,29 +117,34 @@ def repack(qw: QuantizedWeight) -> PackedWeight:
     for j in range(values):  # one vectorized pass per field
         words |= fields[:, j].to(torch.int64) << (bits * j)
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # reinterpret as signed int32
-    zeros = None
-    if not qw.sym:
-        zeros = (-(1.0 + qw.zeros.to(torch.float32) / 2**bits)).to(torch.float16)
-    return PackedWeight(words.transpose(1, 2).contiguous(), qw.scales.to(torch.float16).contiguous(), zeros, perm,
-                        new_locks(n, codes.device), bits, group_size)
+    scale_bits = qw.scales.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
+    scale_zero = (scale_bits | qw.zeros.to(torch.int32) << 16).contiguous()
+    return PackedWeight(words.transpose(1, 2).contiguous(), scale_zero, perm, new_locks(n, codes.device), bits,
+                        group_size)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Triton kernels
 # ---------------------------------------------------------------------------------------------------------------
 @triton.jit
-def _group_params(scales_ptr, zeros_ptr, first_row, group_size: tl.constexpr, offs_n, n_mask, N, K,
-                  HAS_ZEROS: tl.constexpr):
-    """Scale and `zeros` offset (fp32) of the group of sorted input row(s) `first_row`, for columns `offs_n`
-    (broadcast together: [BLOCK_N] for one row, [BLOCK_N, G] for rows [1, G] and columns [BLOCK_N, 1]).
-    Padding rows past K (whose activations are 0) take the last group, as theirs may not exist."""
+def _group_params(scale_zero_ptr, first_row, group_size: tl.constexpr, offs_n, n_mask, N, K):
+    """The packed scale and zero point (int32, see `repack`) of the group of sorted input row(s) `first_row`, for
+    columns `offs_n` (broadcast together: [BLOCK_N] for one row, [BLOCK_N, G] for rows [1, G] and columns
+    [BLOCK_N, 1]). Padding rows past K (whose activations are 0) take the last group, as theirs may not exist."""
     group = tl.minimum(first_row, K - 1) // group_size
-    s = tl.load(scales_ptr + group * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    if HAS_ZEROS:
-        z = tl.load(zeros_ptr + group * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    else:
-        z = tl.full(s.shape, -1.5, tl.float32)  # symmetric: z = 2**(bits-1), so -(1 + z / 2**bits) = -1.5
-    return s, z
+    return tl.load(scale_zero_ptr + group * N + offs_n, mask=n_mask, other=0)
+
+
+@triton.jit
+def _scale(params):
+    """The fp16 scale of packed group parameters."""
+    return params.to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _scale_and_zeros(params, BITS: tl.constexpr):
+    """The fp32 scale s and zeros = -(1 + z / 2**BITS) (exact) of packed group parameters."""
+    return _scale(params).to(tl.float32), -1.0 - (params >> 16).to(tl.float32) * (1.0 / (1 << BITS))
 
 
 @triton.jit
@@ -154,20 +160,20 @@ def _activation_columns(perm_ptr, rows, K, HAS_PERM: tl.constexpr, EVEN: tl.cons
 
 
 @triton.jit
-def _chunk_scales(scales_ptr, zeros_ptr, c, group_size: tl.constexpr, offs_n, n_mask, N, K, BITS: tl.constexpr,
-                  HAS_ZEROS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, WORDS: tl.constexpr,
-                  FIELDS: tl.constexpr):
+def _chunk_scales(scale_zero_ptr, c, group_size: tl.constexpr, offs_n, n_mask, N, K, BITS: tl.constexpr,
+                  GROUP_PER_CHUNK: tl.constexpr, WORDS: tl.constexpr, FIELDS: tl.constexpr):
     """2**BITS * scale, and its product with `zeros`, as [BLOCK_N, G, 1] for the G groups of chunk c: one group
     when the chunk lies in one, else one per field (16-row run; FIELDS of them, the power of two >= 32 // BITS,
     the runs past the chunk taking valid but unused groups)."""
     VALUES: tl.constexpr = 32 // BITS
     if GROUP_PER_CHUNK:
-        s, z = _group_params(scales_ptr, zeros_ptr, c * VALUES * WORDS, group_size, offs_n, n_mask, N, K, HAS_ZEROS)
+        s, z = _scale_and_zeros(_group_params(scale_zero_ptr, c * VALUES * WORDS, group_size, offs_n, n_mask, N, K),
+                                BITS)
         s, z = s[:, None], z[:, None]
     else:
         runs = c * VALUES * WORDS + tl.arange(0, FIELDS) * WORDS
-        s, z = _group_params(scales_ptr, zeros_ptr, runs[None, :], group_size, offs_n[:, None], n_mask[:, None], N,
-                             K, HAS_ZEROS)
+        s, z = _scale_and_zeros(_group_params(scale_zero_ptr, runs[None, :], group_size, offs_n[:, None],
+                                              n_mask[:, None], N, K), BITS)
     s = s * (1 << BITS)
     return s[:, :, None], (s * z)[:, :, None]
 
@@ -225,7 +231,7 @@ def _field_product(words, x, j: tl.constexpr, BITS: tl.constexpr, X_EXPONENT: tl
 
 @triton.jit
 def _zero_point_term(s, zeros, BITS: tl.constexpr, UNIT: tl.constexpr):
-    """-s * z per column as [1, BLOCK_N, 1], in the gemv's accumulator units (UNIT): the stored zeros are
+    """-s * z per column as [1, BLOCK_N, 1], in the gemv's accumulator units (UNIT): zeros (`_scale_and_zeros`) is
     -(1 + z / 2**BITS), so (zeros + 1) * 2**BITS = -z."""
     return (s * (zeros + 1.0) * ((1 << BITS) * UNIT))[None, :, None]
 
@@ -275,9 +281,9 @@ def _write_result(total, bias_ptr, out_ptr, partials_ptr, locks_ptr, lock, offse
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr, partials_ptr, locks_ptr,
+def _gemv_kernel(x_ptr, qweight_ptr, scale_zero_ptr, perm_ptr, bias_ptr, out_ptr, partials_ptr, locks_ptr,
                  M, N, K, stride_xm, stride_om, stride_split,
-                 GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                 GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr,
                  HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FINAL: tl.constexpr, X_EXPONENT: tl.constexpr,
                  NUM_STAGES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr,
                  EVEN: tl.constexpr):
@@ -334,12 +340,12 @@ def _gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, 
                     partial += product
                     x_sum += xj
             else:
-                s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS + j * WORDS, GROUP_SIZE, offs_n, n_mask, N, K,
-                                     HAS_ZEROS)
+                s, z = _scale_and_zeros(_group_params(scale_zero_ptr, c * ROWS + j * WORDS, GROUP_SIZE, offs_n,
+                                                      n_mask, N, K), BITS)
                 acc += s[None, :, None] * product
                 acc += _zero_point_term(s, z, BITS, ZERO_UNIT) * xj
         if GROUP_PER_CHUNK:
-            s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS, GROUP_SIZE, offs_n, n_mask, N, K, HAS_ZEROS)
+            s, z = _scale_and_zeros(_group_params(scale_zero_ptr, c * ROWS, GROUP_SIZE, offs_n, n_mask, N, K), BITS)
             acc += s[None, :, None] * partial
             acc += _zero_point_term(s, z, BITS, ZERO_UNIT) * x_sum
     _write_result(tl.sum(acc, 2) / ZERO_UNIT, bias_ptr, out_ptr, partials_ptr, locks_ptr,
@@ -347,15 +353,64 @@ def _gemv_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, 
                   offs_n[None, :], row_mask[:, None] & n_mask[None, :], stride_split, HAS_BIAS, FINAL)
 
 
+# The mma path's 16-bit dequantization of a k-pair, for `tl.inline_asm_elementwise` with pack = 2: the dot operand
+# layout holds rows k, k + 1 (k even) of a column in consecutive registers, and in this kernel's layout they are
+# field j of two consecutive words. $1, $2: the two words. prmt ($3: selector) gathers the bytes that hold field j
+# of each, the first word's in the low half, the second's in the high half; a shift ($5) brings the field to bit
+# 0 of each half and lop3 ($7: mask) keeps it under the exponent of the magic number: 128 + q in bf16 (0x4300),
+# 1024 + q in fp16 (0x6400), exactly. One packed FMA adds -b = -(magic + z) ($10, twice), exactly, and one
+# multiplies by the scale ($9, (s, s)): the weights s * (q - z), rounded once (the public Marlin and
+# FasterTransformer kernels use the same magic numbers in fp16). Packed FMAs because sm_80 has no bf16x2 sub or
+# mul. The selector, shift and mask are constants that ptxas folds into the instructions: ~4.5 instructions a
+# pair, against ~4 a weight for the fp32 decode.
+_PAIR_ASM = ("{ .reg .b32 v, one, negzero; mov.b32 one, ONE; mov.b32 negzero, 0x80008000; "
+             "prmt.b32 v, $1, $2, $3; shr.b32 v, v, $5; lop3.b32 v, v, $7, MAGIC, 0xEA; "
+             "fma.rn.TYPE v, v, one, $10; fma.rn.TYPE $0, v, $9, negzero; }")
+_BF16_PAIR_ASM = tl.constexpr(_PAIR_ASM.replace("ONE", "0x3F803F80").replace("MAGIC", "0x43004300")
+                              .replace("TYPE", "bf16x2"))
+_FP16_PAIR_ASM = tl.constexpr(_PAIR_ASM.replace("ONE", "0x3C003C00").replace("MAGIC", "0x64006400")
+                              .replace("TYPE", "f16x2"))
+_PAIR_CONSTRAINTS = tl.constexpr("=r" + ",r" * 10)  # 2 input registers an operand, 1 for the 16-bit s and -b
+
+
 @triton.jit
-def _mma_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr, partials_ptr, locks_ptr,
+def _field_pairs(words, j: tl.constexpr, BITS: tl.constexpr, params, DOT_DTYPE: tl.constexpr):
+    """Field j of the [BLOCK_N, WORDS] words as the weights s * (q - z) in DOT_DTYPE (bf16 or fp16; in bf16 the
+    codes must fit its 7 mantissa bits), `params` [BLOCK_N] being the columns' packed group parameters."""
+    MAGIC: tl.constexpr = 128 if DOT_DTYPE == tl.bfloat16 else 1024
+    OFFSET: tl.constexpr = BITS * j  # of the field in its word; bytes FIRST and FIRST + 1 hold it
+    FIRST: tl.constexpr = min(OFFSET // 8, 2)
+    SELECTOR: tl.constexpr = ((5 + FIRST) << 12) | ((4 + FIRST) << 8) | ((FIRST + 1) << 4) | FIRST
+    selector = tl.full(words.shape, SELECTOR, tl.int32)
+    shift = tl.full(words.shape, OFFSET - 8 * FIRST, tl.int32)
+    mask = tl.full(words.shape, ((1 << BITS) - 1) * 0x10001, tl.int32)
+    s = tl.broadcast_to(_scale(params).to(DOT_DTYPE)[:, None], words.shape)
+    minus_b = tl.broadcast_to((-MAGIC - (params >> 16)).to(DOT_DTYPE)[:, None], words.shape)
+    operands = [words, selector, shift, mask, s, minus_b]
+    if DOT_DTYPE == tl.bfloat16:
+        w = tl.inline_asm_elementwise(_BF16_PAIR_ASM, _PAIR_CONSTRAINTS, operands, dtype=s.dtype, is_pure=True, pack=2)
+    else:
+        w = tl.inline_asm_elementwise(_FP16_PAIR_ASM, _PAIR_CONSTRAINTS, operands, dtype=s.dtype, is_pure=True, pack=2)
+    return w
+
+
+@triton.jit
+def _mma_kernel(x_ptr, qweight_ptr, scale_zero_ptr, perm_ptr, bias_ptr, out_ptr, partials_ptr, locks_ptr,
                 M, N, K, stride_xm, stride_om, stride_split,
-                GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr,
                 HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FINAL: tl.constexpr,
-                DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, WORDS: tl.constexpr):
+                DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PAIRS: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, WORDS: tl.constexpr,
+                EVEN: tl.constexpr):
     """A [BLOCK_M, BLOCK_N] output tile (or split partial) on tensor cores, computed transposed as
-    acc[BLOCK_N, BLOCK_M] += W_j[BLOCK_N, 16] @ x_j^T[16, BLOCK_M], one dot per field j of each chunk."""
+    acc[BLOCK_N, BLOCK_M] += W_j[BLOCK_N, 16] @ x_j^T[16, BLOCK_M], one dot per field j of each chunk.
+
+    The weights are the register operand of the dot (wgmma on Hopper), in the layout that Triton gives that
+    operand: the dequantization runs there, with no shuffle. PAIRS dequantizes in 16 bits (`_field_pairs`), else
+    (fp32 activations, the interpreter, 8-bit codes in bf16) as fp32 FMAs. On an H200 (bf16, g128,
+    benchmarks/results/2026-12-01-triton-mma16.md) the 16-bit path cut the loop from 537 to ~330 instructions a
+    thread a chunk (128 x 128 tile, 8 warps) and the time 20-48% at M = 16..128 and 11-16% on the large 70B
+    layers at M = 256, where Triton still waits for each wgmma before the next field's dequantization."""
     VALUES: tl.constexpr = 32 // BITS
     ROWS: tl.constexpr = VALUES * WORDS
     pid = tl.program_id(0)
@@ -380,28 +435,34 @@ def _mma_kernel(x_ptr, qweight_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, o
     x_rows = x_ptr + offs_m[None, :] * stride_xm
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     for c in range(first, last):
-        words = tl.load(tile + c * N * WORDS, mask=n_mask[:, None], other=0)
+        if EVEN:
+            words = tl.load(tile + c * N * WORDS)
+        else:
+            words = tl.load(tile + c * N * WORDS, mask=n_mask[:, None], other=0)
         if GROUP_PER_CHUNK:
-            s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS, GROUP_SIZE, offs_n, n_mask, N, K, HAS_ZEROS)
-            s = s * (1 << BITS)
-            sz = s * z
+            params = _group_params(scale_zero_ptr, c * ROWS, GROUP_SIZE, offs_n, n_mask, N, K)
         for j in tl.static_range(VALUES):
             if not GROUP_PER_CHUNK:
-                s, z = _group_params(scales_ptr, zeros_ptr, c * ROWS + j * WORDS, GROUP_SIZE, offs_n, n_mask, N, K,
-                                     HAS_ZEROS)
+                params = _group_params(scale_zero_ptr, c * ROWS + j * WORDS, GROUP_SIZE, offs_n, n_mask, N, K)
+            cols, k_mask = _activation_columns(perm_ptr, c * ROWS + j * WORDS + offs_w, K, HAS_PERM, EVEN)
+            if EVEN:
+                xt = tl.load(x_rows + cols[:, None])
+            else:
+                xt = tl.load(x_rows + cols[:, None], mask=k_mask[:, None] & m_mask[None, :], other=0.0)
+            if PAIRS:
+                w = _field_pairs(words, j, BITS, params, DOT_DTYPE)
+            else:
+                s, z = _scale_and_zeros(params, BITS)
                 s = s * (1 << BITS)
-                sz = s * z
-            cols, k_mask = _activation_columns(perm_ptr, c * ROWS + j * WORDS + offs_w, K, HAS_PERM)
-            xt = tl.load(x_rows + cols[:, None], mask=k_mask[:, None] & m_mask[None, :], other=0.0)
-            w = _field_as_float(words, j, BITS) * s[:, None] + sz[:, None]  # the weight, s * (q - z)
-            acc = tl.dot(w.to(DOT_DTYPE), xt.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
+                w = (_field_as_float(words, j, BITS) * s[:, None] + (s * z)[:, None]).to(DOT_DTYPE)
+            acc = tl.dot(w, xt.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
     _write_result(acc, bias_ptr, out_ptr, partials_ptr, locks_ptr, pid, offs_m[None, :] * stride_om + offs_n[:, None],
                   offs_n[:, None], n_mask[:, None] & m_mask[None, :], stride_split, HAS_BIAS, FINAL)
 
 
 @triton.jit
-def _dequant_kernel(qweight_ptr, scales_ptr, zeros_ptr, w_ptr, N, K,
-                    GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, HAS_ZEROS: tl.constexpr,
+def _dequant_kernel(qweight_ptr, scale_zero_ptr, w_ptr, N, K,
+                    GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr,
                     BLOCK_N: tl.constexpr, WORDS: tl.constexpr, FIELDS: tl.constexpr):
     """Write W[n, k] = s * (q - z) in w_ptr's dtype (sorted row order) for BLOCK_N columns of one chunk; FIELDS is
     the power of two >= 32 // BITS (tl.arange needs one)."""
@@ -412,8 +473,7 @@ def _dequant_kernel(qweight_ptr, scales_ptr, zeros_ptr, w_ptr, N, K,
     n_mask = offs_n < N
     words = tl.load(qweight_ptr + c * N * WORDS + offs_n[:, None] * WORDS + tl.arange(0, WORDS)[None, :],
                     mask=n_mask[:, None], other=0)
-    s, sz = _chunk_scales(scales_ptr, zeros_ptr, c, GROUP_SIZE, offs_n, n_mask, N, K, BITS, HAS_ZEROS,
-                          GROUP_PER_CHUNK, WORDS, FIELDS)
+    s, sz = _chunk_scales(scale_zero_ptr, c, GROUP_SIZE, offs_n, n_mask, N, K, BITS, GROUP_PER_CHUNK, WORDS, FIELDS)
     w = _chunk_weights(words, s, sz, BITS, BLOCK_N, WORDS, FIELDS)
     r = tl.arange(0, FIELDS * WORDS)
     k = c * ROWS + r
@@ -494,8 +554,9 @@ def candidate_configs(m: int, n: int, k: int, bits: int, device: torch.device) -
                             for s in splits(-(-n // block_n) * -(-m // rows), finer=True)]
     block_m = min(max(16, m_bucket(m)), 128)
     if m <= 64:
-        for block_n in (128, 64):
-            configs += [KernelConfig("mma", block_n=block_n, block_m=block_m, split_k=s)
+        # 3-4 stages: 70B-up at M = 64, 241 us at 4 against 268 at 3 (benchmarks/results/2026-12-01-triton-mma16.md)
+        for block_n, stages in ((128, 3), (128, 4), (64, 3)):
+            configs += [KernelConfig("mma", block_n=block_n, block_m=block_m, split_k=s, num_stages=stages)
                         for s in splits(-(-n // block_n) * -(-m // block_m))]
     else:
         for block_m, block_n, warps, stages in ((block_m, 128, 4, 3), (128, 128, 8, 3), (64, 128, 4, 3),
@@ -524,20 +585,20 @@ def _replay_seconds(graph: torch.cuda.CUDAGraph, replays: int = 5) -> float:
 
 
 def tuned_configs() -> Dict[tuple, KernelConfig]:
-    """The configs chosen so far, keyed by (device, dtype, M bucket, N, K, bits, group_size, zeros?, act_order?)."""
+    """The configs chosen so far, keyed by (device, dtype, M bucket, N, K, bits, group_size, act_order?)."""
     return dict(_TUNED)
 
 
-def choose_config(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
-                  perm: Optional[torch.Tensor], bias: Optional[torch.Tensor], locks: torch.Tensor, bits: int,
-                  group_size: int, out: torch.Tensor) -> KernelConfig:
+def choose_config(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, perm: Optional[torch.Tensor],
+                  bias: Optional[torch.Tensor], locks: torch.Tensor, bits: int, group_size: int,
+                  out: torch.Tensor) -> KernelConfig:
     """The fastest config for this call's (N, K, M bucket), timed once per process on the real tensors.
 
     Without timing (the interpreter, inside a CUDA-graph capture) the default candidate runs, and is not cached.
     """
     m, k = x.shape
     n = qweight.shape[1]
-    key = (x.device, x.dtype, m_bucket(m), n, k, bits, group_size, zeros is not None, perm is not None)
+    key = (x.device, x.dtype, m_bucket(m), n, k, bits, group_size, perm is not None)
     if key in _TUNED:
         return _TUNED[key]
     candidates = candidate_configs(m, n, k, bits, x.device)
@@ -546,7 +607,7 @@ def choose_config(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     runs = []
     for config in candidates:  # compile them all first (and drop those that do not fit this GPU)
         try:
-            launch(config, x, qweight, scales, zeros, perm, bias, locks, bits, group_size, out)
+            launch(config, x, qweight, scale_zero, perm, bias, locks, bits, group_size, out)
             runs.append(config)
         except (OutOfResources, triton.CompilationError) as e:
             warnings.warn(f"triton kernel: skipping {config} for M={m} N={n} K={k}: {type(e).__name__}: {e}")
@@ -567,7 +628,7 @@ def choose_config(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
         graphs[config] = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graphs[config]):
             for weight in weights:
-                launch(config, x, weight, scales, zeros, perm, bias, locks, bits, group_size, out)
+                launch(config, x, weight, scale_zero, perm, bias, locks, bits, group_size, out)
     times = {}
     for _ in range(TUNING_ROUNDS):
         for config, graph in graphs.items():
@@ -580,21 +641,20 @@ def choose_config(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     return _TUNED[key]
 
 
-def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-           zeros: Optional[torch.Tensor], perm: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-           locks: torch.Tensor, bits: int, group_size: int, out: torch.Tensor) -> None:
+def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor,
+           perm: Optional[torch.Tensor], bias: Optional[torch.Tensor], locks: torch.Tensor, bits: int, group_size: int,
+           out: torch.Tensor) -> None:
     """Write x @ W^T (+ bias) into `out` [M, N] with `config`. x is [M, K] with unit stride along K; `locks` are
     zeroed int32 split-K counters (`new_locks`), left zeroed."""
     m, k = x.shape
     n = qweight.shape[1]
     group = NO_GROUP if group_size == -1 else group_size
     group_per_chunk = group_size == -1 or group % chunk_rows(bits) == 0  # at 3 bits (160-row chunks) only for -1
-    flags = dict(GROUP_SIZE=group, BITS=bits, HAS_ZEROS=zeros is not None, GROUP_PER_CHUNK=group_per_chunk,
-                 WORDS=WORDS_PER_CHUNK)
+    flags = dict(GROUP_SIZE=group, BITS=bits, GROUP_PER_CHUNK=group_per_chunk, WORDS=WORDS_PER_CHUNK)
     if config.path == "dequant":
         weight = torch.empty(n, k, dtype=x.dtype, device=x.device)
         _dequant_kernel[(triton.cdiv(n, 64), triton.cdiv(k, chunk_rows(bits)))](
-            qweight, scales, zeros, weight, n, k, BLOCK_N=64, FIELDS=triton.next_power_of_2(32 // bits),
+            qweight, scale_zero, weight, n, k, BLOCK_N=64, FIELDS=triton.next_power_of_2(32 // bits),
             **flags)
         if perm is not None:
             x = x.index_select(1, perm)
@@ -606,7 +666,7 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scales:
         x, perm = x.index_select(1, perm), None
     final = config.split_k == 1
     partials = out if final else torch.empty(config.split_k, m, n, dtype=torch.float32, device=x.device)
-    args = (x, qweight, scales, zeros, perm, bias, out, partials, locks)
+    args = (x, qweight, scale_zero, perm, bias, out, partials, locks)
     flags.update(HAS_PERM=perm is not None, HAS_BIAS=bias is not None, FINAL=final, BLOCK_N=config.block_n,
                  num_warps=config.num_warps, num_stages=config.num_stages)
     if config.path == "gemv":
@@ -616,16 +676,18 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scales:
     if not final and grid[0] * (grid[2] if config.path == "gemv" else 1) > locks.numel():
         raise ValueError(f"{config} for M={m} N={n} splits more output tiles than the {locks.numel()} split-K "
                          f"counters given (see lock_count)")
+    even = m % config.block_m == 0 and n % config.block_n == 0 and k % chunk_rows(bits) == 0
     if config.path == "gemv":
-        even = m % config.block_m == 0 and n % config.block_n == 0 and k % chunk_rows(bits) == 0
         _gemv_kernel[grid](*args, m, n, k, x.stride(0), n, m * n, X_EXPONENT=X_EXPONENT,
                            NUM_STAGES=config.num_stages, BLOCK_M=config.block_m, EVEN=even, **flags)
     else:
-        # The interpreter computes bf16 tl.dot wrongly (triton 3.9); it gets the same values widened to fp32.
+        # The interpreter computes bf16 tl.dot wrongly (triton 3.9), and cannot run inline PTX: it gets the same
+        # values widened to fp32.
         dot_dtype = tl.float32 if INTERPRET else _TL_DTYPES[x.dtype]
+        pairs = dot_dtype == tl.float16 or (dot_dtype == tl.bfloat16 and bits < 8)  # codes must fit the mantissa
         _mma_kernel[grid](*args, m, n, k, x.stride(0), n, m * n, DOT_DTYPE=dot_dtype,
-                          DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32", BLOCK_M=config.block_m,
-                          GROUP_M=8, **flags)
+                          DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32", PAIRS=pairs,
+                          BLOCK_M=config.block_m, GROUP_M=8, EVEN=even, **flags)
 
 
 def quant_matmul(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Tensor] = None,
@@ -642,7 +704,7 @@ def quant_matmul(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Ten
                          f"{list(out.shape)}")
     if m == 0:
         return out
-    tensors = (x, weight.qweight, weight.scales, weight.zeros, weight.perm, bias, weight.locks)
+    tensors = (x, weight.qweight, weight.scale_zero, weight.perm, bias, weight.locks)
     if config is None:
         config = choose_config(*tensors, weight.bits, weight.group_size, out)
     launch(config, *tensors, weight.bits, weight.group_size, out)
@@ -650,13 +712,13 @@ def quant_matmul(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Ten
 
 
 @quant_linear_op("litquant::triton_quant_linear")
-def triton_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
-                        perm: Optional[torch.Tensor], bias: Optional[torch.Tensor], locks: torch.Tensor, bits: int,
-                        group_size: int, out_features: int) -> torch.Tensor:
+def triton_quant_linear(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, perm: Optional[torch.Tensor],
+                        bias: Optional[torch.Tensor], locks: torch.Tensor, bits: int, group_size: int,
+                        out_features: int) -> torch.Tensor:
     """The custom op behind `TritonQuantLinear.forward`: x [..., K] -> [..., out_features]. `locks` are counted
     on and reset within the call (as marlin's), so the op declares no mutation."""
     out = torch.empty(*x.shape[:-1], out_features, dtype=x.dtype, device=x.device)
-    weight = PackedWeight(qweight, scales, zeros, perm, locks, bits, group_size)
+    weight = PackedWeight(qweight, scale_zero, perm, locks, bits, group_size)
     quant_matmul(x.reshape(-1, x.shape[-1]), weight, bias, out.view(-1, out_features))
     return out
 
@@ -670,8 +732,8 @@ class TritonQuantLinear(QuantLinear):
     auto_devices = ("cuda",)  # the interpreter is for tests, never a choice for `auto`
     min_capability = (8, 0)
     description = "fused dequant-matmul in Triton: gemv / split-K / tensor cores / dequant+cuBLAS, autotuned per M"
-    # qweight [C, N, 16], scales and zeros [G, N]; the locks are zeroed counters, enough for the sum of the columns
-    concat_dims = {"qweight": 1, "scales": 1, "zeros": 1, "perm": None, "locks": 0}
+    # qweight [C, N, 16], scale_zero [G, N]; the locks are zeroed counters, enough for the sum of the columns
+    concat_dims = {"qweight": 1, "scale_zero": 1, "perm": None, "locks": 0}
 
     @classmethod
     def unavailable(cls) -> Optional[str]:
@@ -686,11 +748,11 @@ class TritonQuantLinear(QuantLinear):
                              f"layer expects {self.spec.bits}-bit g{self.spec.group_size} "
                              f"{self.in_features}x{self.out_features}")
         packed = repack(qw)
-        for name in ("qweight", "scales", "zeros", "perm"):
+        for name in ("qweight", "scale_zero", "perm"):
             self.register_buffer(name, getattr(packed, name))
         self.register_buffer("locks", packed.locks, persistent=False)
         self.set_bias(qw.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return triton_quant_linear(x, self.qweight, self.scales, self.zeros, self.perm, self.bias, self.locks,
+        return triton_quant_linear(x, self.qweight, self.scale_zero, self.perm, self.bias, self.locks,
                                    self.spec.bits, self.spec.group_size, self.out_features)
