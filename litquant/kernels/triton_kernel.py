@@ -148,6 +148,14 @@ def _scale_and_zeros(params, BITS: tl.constexpr):
 
 
 @triton.jit
+def _weight_scale_and_offset(params, BITS: tl.constexpr):
+    """2**BITS * s and its product with zeros: the fp32 weight is f * scale + offset for f = 1 + q / 2**BITS."""
+    s, z = _scale_and_zeros(params, BITS)
+    s = s * (1 << BITS)
+    return s, s * z
+
+
+@triton.jit
 def _activation_columns(perm_ptr, rows, K, HAS_PERM: tl.constexpr, EVEN: tl.constexpr = False):
     """Columns of x for sorted input rows `rows`, and the mask of rows that exist (< K; all of them when EVEN)."""
     mask = rows < K
@@ -167,15 +175,12 @@ def _chunk_scales(scale_zero_ptr, c, group_size: tl.constexpr, offs_n, n_mask, N
     the runs past the chunk taking valid but unused groups)."""
     VALUES: tl.constexpr = 32 // BITS
     if GROUP_PER_CHUNK:
-        s, z = _scale_and_zeros(_group_params(scale_zero_ptr, c * VALUES * WORDS, group_size, offs_n, n_mask, N, K),
-                                BITS)
-        s, z = s[:, None], z[:, None]
+        params = _group_params(scale_zero_ptr, c * VALUES * WORDS, group_size, offs_n, n_mask, N, K)[:, None]
     else:
         runs = c * VALUES * WORDS + tl.arange(0, FIELDS) * WORDS
-        s, z = _scale_and_zeros(_group_params(scale_zero_ptr, runs[None, :], group_size, offs_n[:, None],
-                                              n_mask[:, None], N, K), BITS)
-    s = s * (1 << BITS)
-    return s[:, :, None], (s * z)[:, :, None]
+        params = _group_params(scale_zero_ptr, runs[None, :], group_size, offs_n[:, None], n_mask[:, None], N, K)
+    s, sz = _weight_scale_and_offset(params, BITS)
+    return s[:, :, None], sz[:, :, None]
 
 
 @triton.jit
@@ -452,9 +457,8 @@ def _mma_kernel(x_ptr, qweight_ptr, scale_zero_ptr, perm_ptr, bias_ptr, out_ptr,
             if PAIRS:
                 w = _field_pairs(words, j, BITS, params, DOT_DTYPE)
             else:
-                s, z = _scale_and_zeros(params, BITS)
-                s = s * (1 << BITS)
-                w = (_field_as_float(words, j, BITS) * s[:, None] + (s * z)[:, None]).to(DOT_DTYPE)
+                s, sz = _weight_scale_and_offset(params, BITS)
+                w = (_field_as_float(words, j, BITS) * s[:, None] + sz[:, None]).to(DOT_DTYPE)
             acc = tl.dot(w, xt.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
     _write_result(acc, bias_ptr, out_ptr, partials_ptr, locks_ptr, pid, offs_m[None, :] * stride_om + offs_n[:, None],
                   offs_n[:, None], n_mask[:, None] & m_mask[None, :], stride_split, HAS_BIAS, FINAL)
