@@ -16,7 +16,7 @@ GEMV (AutoAWQ's WQLinear_GEMV), transposed, natural nibble order:
 """
 import torch
 
-from litquant.formats.common import QuantizedWeight, _to_int32, default_g_idx
+from litquant.formats.common import QuantizedWeight, _to_int32, check_tensors, default_g_idx
 
 VERSIONS = ("gemm", "gemv")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -119,12 +119,4 @@ def check_shapes(tensors: dict, in_features: int, out_features: int, group_size:
                  where: str = "") -> None:
     if version not in VERSIONS:
         raise ValueError(f"unknown AWQ version {version!r}; expected one of {VERSIONS}")
-    problems = []
-    for name, (shape, dtype) in expected_shapes(in_features, out_features, group_size, version).items():
-        t = tensors.get(name)
-        if t is None:
-            problems.append(f"{where}{name} is missing")
-        elif tuple(t.shape) != shape or t.dtype != dtype:
-            problems.append(f"{where}{name} is {t.dtype} {list(t.shape)}, expected {dtype} {list(shape)}")
-    if problems:
-        raise ValueError("AWQ tensors do not match the layer: " + "; ".join(problems))
+    check_tensors(tensors, expected_shapes(in_features, out_features, group_size, version), "AWQ", where)

@@ -51,6 +51,20 @@ class QuantizedWeight:
                                self.bits, self.group_size, move(self.bias))
 
 
+def check_tensors(tensors: dict, expected: dict, format_name: str, where: str = "") -> None:
+    """Raise a ValueError naming every tensor of `expected` ({name: (shape, dtype)}) that `tensors` lacks or holds
+    with another shape or dtype (`where` prefixes the names)."""
+    problems = []
+    for name, (shape, dtype) in expected.items():
+        t = tensors.get(name)
+        if t is None:
+            problems.append(f"{where}{name} is missing")
+        elif tuple(t.shape) != shape or t.dtype != dtype:
+            problems.append(f"{where}{name} is {t.dtype} {list(t.shape)}, expected {dtype} {list(shape)}")
+    if problems:
+        raise ValueError(f"{format_name} tensors do not match the layer: " + "; ".join(problems))
+
+
 def num_groups(in_features: int, group_size: int) -> int:
     return 1 if group_size == -1 else -(-in_features // group_size)
 

@@ -12,7 +12,8 @@ period are padded with zero codes (3-bit packs in periods of 32 rows).
 """
 import torch
 
-from litquant.formats.common import (QuantizedWeight, pack_along_rows, rows_multiple, unpack_along_rows)
+from litquant.formats.common import (QuantizedWeight, check_tensors, pack_along_rows, rows_multiple,
+                                     unpack_along_rows)
 
 CHECKPOINT_FORMATS = ("gptq", "gptq_v2")
 TENSOR_NAMES = ("qweight", "qzeros", "scales", "g_idx")
@@ -71,12 +72,4 @@ def expected_shapes(bits: int, in_features: int, out_features: int, groups: int)
 
 def check_shapes(tensors: dict, bits: int, in_features: int, out_features: int, groups: int, where: str = "") -> None:
     """Raise a ValueError naming every tensor whose shape or dtype does not fit the layer."""
-    problems = []
-    for name, (shape, dtype) in expected_shapes(bits, in_features, out_features, groups).items():
-        t = tensors.get(name)
-        if t is None:
-            problems.append(f"{where}{name} is missing")
-        elif tuple(t.shape) != shape or t.dtype != dtype:
-            problems.append(f"{where}{name} is {t.dtype} {list(t.shape)}, expected {dtype} {list(shape)}")
-    if problems:
-        raise ValueError("GPTQ tensors do not match the layer: " + "; ".join(problems))
+    check_tensors(tensors, expected_shapes(bits, in_features, out_features, groups), "GPTQ", where)
