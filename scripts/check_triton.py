@@ -11,6 +11,7 @@ and compiles a covering subset of them (`covering`) for both GPUs with Triton's 
 import os
 import sys
 import time
+from dataclasses import replace
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     sys.exit("check_triton.py compiles the kernels: run it without TRITON_INTERPRET=1")
@@ -72,7 +73,10 @@ def record_launches():
                     bias = torch.randn(n, dtype=dtype) if act_order else None
                     for m in (1, 3, 32, 256):
                         x, out = torch.randn(m, k, dtype=dtype), torch.empty(m, n, dtype=dtype)
-                        for config in tk.candidate_configs(m, n, k, bits, torch.device("cpu")):
+                        configs = tk.candidate_configs(m, n, k, bits, torch.device("cpu"))
+                        # the mma path at one field a dot too (sm_80's default; the CPU device takes sm_90's)
+                        configs += [replace(c, fields_per_dot=1) for c in configs if c.path == "mma"]
+                        for config in configs:
                             if config.path != "dequant":  # the dequant path multiplies by cuBLAS: not recorded
                                 tk.launch(config, x, packed.qweight, packed.scale_zero, packed.perm, bias,
                                           packed.locks, bits, group_size, out)
