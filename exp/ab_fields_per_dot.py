@@ -1,6 +1,7 @@
 """A/B (branch exp/triton-mma-joined, not merged): the triton mma path with one dot a field (F = 1, main's kernel)
 against one dot a chunk (F = 8 at 4 bits, this branch's Hopper default), and bf16 cuBLAS, 4-bit g128 with zero points.
-Per (dtype, shape, M): every mma candidate config of the tuner (plus a few deeper pipelines) at both F, each checked
+Per (dtype, shape, M): every mma candidate config of the tuner (plus deeper pipelines above M = 64, and 256-row
+tiles from M = 256) at both F, each checked
 against the dequant path (outputs NaN-poisoned first) and timed once; then 3 interleaved rounds of cublas / best F=1 /
 best F=8 (CUDA-graph replay over weight copies > 4x L2; half a second of settling first at M >= 256), medians.
     python3 exp/ab_fields_per_dot.py [shapes] [ms] [dtypes]"""
@@ -18,6 +19,7 @@ import litquant.kernels.triton_kernel as tk  # noqa: E402
 
 dev = torch.device("cuda")
 l2 = torch.cuda.get_device_properties(dev).L2_cache_size
+sms = torch.cuda.get_device_properties(dev).multi_processor_count
 shapes = sys.argv[1].split(",") if len(sys.argv) > 1 else list(SHAPES)
 ms = [int(v) for v in sys.argv[2].split(",")] if len(sys.argv) > 2 else [16, 64, 128, 256, 1024]
 dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16}[d] for d in (sys.argv[3] if len(sys.argv) > 3 else "bf16").split(",")]
@@ -29,6 +31,10 @@ def configs(m, n, k):
     if m > 64:
         deeper = [dataclasses.replace(c, num_stages=c.num_stages + 1) for c in found if c.num_warps == 8]
         found += [c for c in deeper if c not in found]
+    if m >= 256:  # 256 token columns a tile: m64n256k16 wgmmas, half the dequantization a MAC (250 registers at F=8)
+        split = 1 if -(-m // 256) * -(-n // 128) >= sms else 2
+        found += [tk.KernelConfig("mma", block_n=128, block_m=256, split_k=split, num_warps=8, num_stages=stages)
+                  for stages in (2, 3)]
     return found
 
 
