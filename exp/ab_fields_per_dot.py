@@ -1,5 +1,6 @@
 """A/B (branch exp/triton-mma-joined, not merged): the triton mma path with one dot a field (F = 1, main's kernel)
-against one dot a chunk (F = 8 at 4 bits, this branch's Hopper default), and bf16 cuBLAS, 4-bit g128 with zero points.
+against one dot a chunk (F = 8 at 4 bits, this branch's Hopper default), F = 8 with x through TMA above M = 64
+(exp/mma_tma_joined.py), and bf16 cuBLAS, 4-bit g128 with zero points.
 Per (dtype, shape, M): every mma candidate config of the tuner (plus deeper pipelines above M = 64, and 256-row
 tiles from M = 256) at both F, each checked
 against the dequant path (outputs NaN-poisoned first) and timed once; then 3 interleaved rounds of cublas / best F=1 /
@@ -11,11 +12,15 @@ import statistics
 import sys
 
 import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, ".")
 from kernels import L2_MULTIPLE, SHAPES, build_litquant, build_peer, time_calls  # noqa: E402
 import litquant.kernels.triton_kernel as tk  # noqa: E402
+from exp.mma_tma_joined import _mma_tma_kernel  # noqa: E402
 
 dev = torch.device("cuda")
 l2 = torch.cuda.get_device_properties(dev).L2_cache_size
@@ -31,11 +36,34 @@ def configs(m, n, k):
     if m > 64:
         deeper = [dataclasses.replace(c, num_stages=c.num_stages + 1) for c in found if c.num_warps == 8]
         found += [c for c in deeper if c not in found]
+    if m > 64:  # 2 stages: with TMA (fewer registers) two 128 x 128 blocks fit an SM
+        found += [dataclasses.replace(c, num_stages=2) for c in found if c.num_warps == 8 and c.block_m == 128]
     if m >= 256:  # 256 token columns a tile: m64n256k16 wgmmas, half the dequantization a MAC (250 registers at F=8)
         split = 1 if -(-m // 256) * -(-n // 128) >= sms else 2
         found += [tk.KernelConfig("mma", block_n=128, block_m=256, split_k=split, num_warps=8, num_stages=stages)
                   for stages in (2, 3)]
     return found
+
+
+def tma_call(layer, config, dtype):
+    """F = 8 with x loaded through a TMA tensor descriptor (exp/mma_tma_joined.py: even shapes, no act_order):
+    126 registers against 166 at 128 x 128 / 8 warps, so 2 blocks an SM fit at 2 stages."""
+    def call(x):
+        m, k = x.shape
+        n = layer.qweight.shape[1]
+        out = torch.empty(m, n, dtype=dtype, device=x.device)
+        partials = out if config.split_k == 1 else torch.empty(config.split_k, m, n, dtype=torch.float32,
+                                                                device=x.device)
+        grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), config.split_k)
+        _mma_tma_kernel[grid](TensorDescriptor.from_tensor(x, [config.block_m, 128]), layer.qweight,
+                              layer.scale_zero, None, None, out, partials, layer.locks, m, n, k, x.stride(0), n,
+                              m * n, GROUP_SIZE=128, BITS=4, GROUP_PER_CHUNK=True, HAS_PERM=False, HAS_BIAS=False,
+                              FINAL=config.split_k == 1, DOT_DTYPE=tl.bfloat16 if dtype == torch.bfloat16 else
+                              tl.float16, DOT_PRECISION="tf32", PAIRS=True, BLOCK_M=config.block_m,
+                              BLOCK_N=config.block_n, GROUP_M=8, WORDS=16, FIELDS_PER_DOT=8, EVEN=True,
+                              num_warps=config.num_warps, num_stages=config.num_stages)
+        return out
+    return call
 
 
 def packed(layer):
@@ -56,32 +84,36 @@ for dtype in dtypes:
             x = torch.randn(m, k, device=dev).to(dtype)
             ref = tk.quant_matmul(x, layers[0], config=tk.KernelConfig("dequant")).double()
             best, notes = {}, []
-            for fields in (1, 8):
+            variants = (1, 8, "tma") if m > 64 else (1, 8)
+            for variant in variants:
                 tried = {}
                 for config in configs(m, n, k):
-                    config = dataclasses.replace(config, fields_per_dot=fields)
+                    config = dataclasses.replace(config, fields_per_dot=1 if variant == 1 else 8)
                     out = torch.full((m, n), float("nan"), dtype=dtype, device=dev)
                     try:
-                        tk.quant_matmul(x, layers[0], out=out, config=config)
+                        if variant == "tma":
+                            calls = [tma_call(w, config, dtype) for w in layers]
+                            out = calls[0](x)
+                        else:
+                            calls = [lambda x, w=w, c=config: tk.quant_matmul(x, w, config=c) for w in layers]
+                            tk.quant_matmul(x, layers[0], out=out, config=config)
                         err = ((out.double() - ref).norm() / ref.norm()).item()
-                        fns = [lambda x, w=w, c=config: tk.quant_matmul(x, w, config=c) for w in layers]
-                        tried[config] = (time_calls(fns, x)[0] * 1e6, err, fns)
+                        tried[config] = (time_calls(calls, x)[0] * 1e6, err, calls)
                     except Exception as e:
-                        print(f"   {shape} M={m} F={fields} {label(config)}: {type(e).__name__}: {str(e)[:200]}")
+                        print(f"   {shape} M={m} {variant} {label(config)}: {type(e).__name__}: {str(e)[:200]}")
                 b = min(tried, key=lambda c: tried[c][0])
-                best[fields] = (b, tried[b][2], max(v[1] for v in tried.values()))
-                notes.append(f"F={fields}: " + " ".join(f"{label(c)}:{v[0]:.1f}" for c, v in
-                                                        sorted(tried.items(), key=lambda i: i[1][0])))
+                best[variant] = (b, tried[b][2], max(v[1] for v in tried.values()))
+                notes.append(f"{variant}: " + " ".join(f"{label(c)}:{v[0]:.1f}" for c, v in
+                                                       sorted(tried.items(), key=lambda i: i[1][0])))
             print(f"   {str(dtype)[6:]} {shape} M={m} | " + " | ".join(notes), flush=True)
-            times = {name: [] for name in ("cublas", 1, 8)}
+            times = {name: [] for name in ("cublas",) + variants}
             for _ in range(3):
-                for name in (1, 8, "cublas"):
+                for name in variants + ("cublas",):
                     fns = dense if name == "cublas" else best[name][1]
                     times[name].append(time_calls(fns, x, settle_s=0.5 if m >= 256 else 0.0)[0] * 1e6)
             med = {name: statistics.median(v) for name, v in times.items()}
             print(f"{str(dtype)[6:]:>5} {shape:>8} M={m:<5} cublas {med['cublas']:8.1f} | "
-                  + " | ".join(f"F={f} {med[f]:8.1f} us {med['cublas'] / med[f]:.2f}x {label(best[f][0])} "
-                               f"err {best[f][2]:.1e}" for f in (1, 8))
-                  + f" | F=8 vs F=1 {med[8] / med[1] - 1:+.1%}", flush=True)
+                  + " | ".join(f"{v} {med[v]:8.1f} us {med['cublas'] / med[v]:.2f}x {label(best[v][0])} "
+                               f"err {best[v][2]:.1e} {med[v] / med[1] - 1:+.1%}" for v in variants), flush=True)
         del layers, dense
         torch.cuda.empty_cache()

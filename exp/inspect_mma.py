@@ -27,7 +27,7 @@ for i, name in enumerate(kernel.arg_names):
     elif (name == "perm_ptr" and extra.get("HAS_PERM") != "True") or name == "bias_ptr" or (name == "zeros_ptr" and not defaults["HAS_ZEROS"]):
         signature[name], constexprs[name] = "constexpr", None
     elif name == "x_desc":
-        signature[name] = f"tensordesc<{dtype}[{bm}, 16]>"
+        signature[name] = f"tensordesc<{dtype}[{bm}, {os.environ.get('DESC_K', '16')}]>"
     elif name in ptr:
         signature[name] = ptr[name]
         attrs[(i,)] = [["tt.divisibility", 16]]
