@@ -457,7 +457,7 @@ def _mma_kernel(x_ptr, qweight_ptr, scale_zero_ptr, perm_ptr, bias_ptr, out_ptr,
     as fp32 FMAs.
 
     F and the assumption of a non-empty run of chunks (the launch gives each split at least one), compiled for
-    sm_90 with triton 3.6 (the device's; `fields_per_dot`):
+    sm_90 with triton 3.6 (the device's; `default_fields_per_dot`):
     - one dot a field (F = 1) waits for each wgmma before the next field's dequantization (wgmma.wait_group 0);
     - one dot a chunk lets Triton keep all of the chunk's wgmmas in flight (wait_group 7 after each);
     - ptxas still serialized them (its advisory C7515: "non wgmma instructions defining accumulator registers of a
@@ -540,25 +540,24 @@ class KernelConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 2
-    fields_per_dot: Optional[int] = None  # mma: F of `_mma_kernel` (a power of two); None: `fields_per_dot`
+    fields_per_dot: Optional[int] = None  # mma: F of `_mma_kernel`; None: `default_fields_per_dot`
 
 
 GEMV_MAX_M = 4
-
-
-def fields_per_dot(bits: int, device: torch.device) -> int:
-    """The mma path's fields a dot by default: the whole chunk (its largest power of two at 3 bits) from sm_90 on,
-    or under the interpreter, else one (see `_mma_kernel`)."""
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
-        return 1
-    return 1 << ((32 // bits).bit_length() - 1)
-
 TUNING_ROUNDS = 2
 TUNING_CALLS = 8  # calls per timed graph replay, at least
 TUNING_MAX_COPIES = 64  # of the weight while tuning (a layer that small is latency bound anyway)
 DEQUANT_MIN_M = 256
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 _TUNED: Dict[tuple, KernelConfig] = {}
+
+
+def default_fields_per_dot(bits: int, device: torch.device) -> int:
+    """The mma path's fields a dot unless a config says: the whole chunk (its largest power of two at 3 bits) from
+    sm_90 on, and under the interpreter; one below sm_90 (see `_mma_kernel`)."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
+        return 1
+    return 1 << ((32 // bits).bit_length() - 1)
 
 
 def _sm_count(device: torch.device) -> int:
@@ -739,18 +738,17 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scale_z
         _gemv_kernel[grid](*args, m, n, k, x.stride(0), n, m * n, X_EXPONENT=X_EXPONENT,
                            NUM_STAGES=config.num_stages, BLOCK_M=config.block_m, EVEN=even, **flags)
     else:
-        # The interpreter computes bf16 tl.dot wrongly (triton 3.9), and cannot run inline PTX: it gets the same
-        # values widened to fp32.
-        fields = config.fields_per_dot or fields_per_dot(bits, x.device)
+        fields = config.fields_per_dot or default_fields_per_dot(bits, x.device)
         if fields & (fields - 1) or not 1 <= fields <= 32 // bits:
             raise ValueError(f"fields_per_dot must be a power of two from 1 to {32 // bits} at {bits} bits, "
                              f"got {fields}")
+        # The interpreter computes bf16 tl.dot wrongly (triton 3.9), and cannot run inline PTX: it gets the same
+        # values widened to fp32.
         dot_dtype = tl.float32 if INTERPRET else _TL_DTYPES[x.dtype]
         pairs = dot_dtype == tl.float16 or (dot_dtype == tl.bfloat16 and bits < 8)  # codes must fit the mantissa
         _mma_kernel[grid](*args, m, n, k, x.stride(0), n, m * n, DOT_DTYPE=dot_dtype,
                           DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32", PAIRS=pairs,
-                          BLOCK_M=config.block_m, GROUP_M=8, EVEN=even,
-                          FIELDS_PER_DOT=fields, **flags)
+                          BLOCK_M=config.block_m, GROUP_M=8, EVEN=even, FIELDS_PER_DOT=fields, **flags)
 
 
 def quant_matmul(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Tensor] = None,
