@@ -1,6 +1,6 @@
 """A/B (branch exp/triton-mma-joined, not merged): the triton mma path with one dot a field (F = 1, main's kernel)
-against one dot a chunk (F = 8 at 4 bits, this branch's Hopper default), F = 8 with x through TMA above M = 64
-(exp/mma_tma_joined.py), and bf16 cuBLAS, 4-bit g128 with zero points.
+against one dot a chunk (F = 8 at 4 bits, this branch's Hopper default), F = 8 with x through a TMA descriptor
+above M = 64 (`KernelConfig.x_descriptor`), and bf16 cuBLAS, 4-bit g128 with zero points.
 Per (dtype, shape, M): every mma candidate config of the tuner (plus deeper pipelines above M = 64, and 256-row
 tiles from M = 256) at both F, each checked
 against the dequant path (outputs NaN-poisoned first) and timed once; then 3 interleaved rounds of cublas / best F=1 /
@@ -12,15 +12,11 @@ import statistics
 import sys
 
 import torch
-import triton
-import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, ".")
 from kernels import L2_MULTIPLE, SHAPES, build_litquant, build_peer, time_calls  # noqa: E402
 import litquant.kernels.triton_kernel as tk  # noqa: E402
-from exp.mma_tma_joined import _mma_tma_kernel  # noqa: E402
 
 dev = torch.device("cuda")
 l2 = torch.cuda.get_device_properties(dev).L2_cache_size
@@ -45,27 +41,6 @@ def configs(m, n, k):
     return found
 
 
-def tma_call(layer, config, dtype):
-    """F = 8 with x loaded through a TMA tensor descriptor (exp/mma_tma_joined.py: even shapes, no act_order):
-    126 registers against 166 at 128 x 128 / 8 warps, so 2 blocks an SM fit at 2 stages."""
-    def call(x):
-        m, k = x.shape
-        n = layer.qweight.shape[1]
-        out = torch.empty(m, n, dtype=dtype, device=x.device)
-        partials = out if config.split_k == 1 else torch.empty(config.split_k, m, n, dtype=torch.float32,
-                                                                device=x.device)
-        grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), config.split_k)
-        _mma_tma_kernel[grid](TensorDescriptor.from_tensor(x, [config.block_m, 128]), layer.qweight,
-                              layer.scale_zero, None, None, out, partials, layer.locks, m, n, k, x.stride(0), n,
-                              m * n, GROUP_SIZE=128, BITS=4, GROUP_PER_CHUNK=True, HAS_PERM=False, HAS_BIAS=False,
-                              FINAL=config.split_k == 1, DOT_DTYPE=tl.bfloat16 if dtype == torch.bfloat16 else
-                              tl.float16, DOT_PRECISION="tf32", PAIRS=True, BLOCK_M=config.block_m,
-                              BLOCK_N=config.block_n, GROUP_M=8, WORDS=16, FIELDS_PER_DOT=8, EVEN=True,
-                              num_warps=config.num_warps, num_stages=config.num_stages)
-        return out
-    return call
-
-
 def packed(layer):
     return tk.PackedWeight(layer.qweight, layer.scale_zero, layer.perm, layer.locks, 4, 128)
 
@@ -88,15 +63,12 @@ for dtype in dtypes:
             for variant in variants:
                 tried = {}
                 for config in configs(m, n, k):
-                    config = dataclasses.replace(config, fields_per_dot=1 if variant == 1 else 8)
+                    config = dataclasses.replace(config, fields_per_dot=1 if variant == 1 else 8,
+                                                 x_descriptor=variant == "tma")
                     out = torch.full((m, n), float("nan"), dtype=dtype, device=dev)
                     try:
-                        if variant == "tma":
-                            calls = [tma_call(w, config, dtype) for w in layers]
-                            out = calls[0](x)
-                        else:
-                            calls = [lambda x, w=w, c=config: tk.quant_matmul(x, w, config=c) for w in layers]
-                            tk.quant_matmul(x, layers[0], out=out, config=config)
+                        calls = [lambda x, w=w, c=config: tk.quant_matmul(x, w, config=c) for w in layers]
+                        tk.quant_matmul(x, layers[0], out=out, config=config)
                         err = ((out.double() - ref).norm() / ref.norm()).item()
                         tried[config] = (time_calls(calls, x)[0] * 1e6, err, calls)
                     except Exception as e:

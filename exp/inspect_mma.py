@@ -16,7 +16,7 @@ extra = dict(kv.split("=") for kv in os.environ.get("CONST", "").split(",") if k
 signature, constexprs, attrs = {}, {}, {}
 tld = {"bf16": tl.bfloat16, "fp16": tl.float16}[dtype]
 defaults = dict(GROUP_SIZE=128, BITS=4, GROUP_PER_CHUNK=True, HAS_ZEROS=False, HAS_PERM=False, HAS_BIAS=False,
-                FINAL=True, DOT_DTYPE=tld, DOT_PRECISION="tf32", PAIRS=True, EVEN=True, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, WORDS=16)
+                FINAL=True, DOT_DTYPE=tld, DOT_PRECISION="tf32", PAIRS=True, EVEN=True, X_DESCRIPTOR=False, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, WORDS=16)
 for i, name in enumerate(kernel.arg_names):
     p = kernel.params[i]
     if p.is_constexpr:
@@ -26,7 +26,7 @@ for i, name in enumerate(kernel.arg_names):
         signature[name], constexprs[name] = "constexpr", v
     elif (name == "perm_ptr" and extra.get("HAS_PERM") != "True") or name == "bias_ptr" or (name == "zeros_ptr" and not defaults["HAS_ZEROS"]):
         signature[name], constexprs[name] = "constexpr", None
-    elif name == "x_desc":
+    elif name == "x_desc" or (name == "x_ptr" and extra.get("X_DESCRIPTOR") == "True"):
         signature[name] = f"tensordesc<{dtype}[{bm}, {os.environ.get('DESC_K', '16')}]>"
     elif name in ptr:
         signature[name] = ptr[name]

@@ -35,6 +35,7 @@ PATHS = {
     "gemv": tk.KernelConfig("gemv", block_n=64, block_m=2, split_k=2),  # M = 3: a full and a masked row block
     "mma": tk.KernelConfig("mma", block_n=64, block_m=16),  # one dot a chunk (the default here)
     "mma-per-field": tk.KernelConfig("mma", block_n=64, block_m=16, fields_per_dot=1),  # sm_80's default
+    "mma-x-descriptor": tk.KernelConfig("mma", block_n=64, block_m=16, x_descriptor=True),  # TMA: zeros past M, K
     "dequant": tk.KernelConfig("dequant"),
 }
 
@@ -284,6 +285,8 @@ GPU_PATHS = {
     "mma-small": (tk.KernelConfig("mma", block_n=128, block_m=16, split_k=4), (1, 16)),
     "mma-per-field": (tk.KernelConfig("mma", block_n=128, block_m=64, split_k=2, fields_per_dot=1), (64, 100)),
     "mma-large": (tk.KernelConfig("mma", block_n=128, block_m=128, num_warps=8, num_stages=3), (333, 4096)),
+    "mma-x-descriptor": (tk.KernelConfig("mma", block_n=128, block_m=128, num_warps=8, num_stages=2,
+                                         x_descriptor=True), (333, 4096)),
     "dequant": (tk.KernelConfig("dequant"), (333, 4096)),
 }
 
