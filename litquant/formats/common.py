@@ -1,4 +1,4 @@
-"""The format-neutral quantized weight, and the bit packing that GPTQ and AWQ share."""
+"""The format-neutral quantized weight, and the bit packing and tensor check that GPTQ and AWQ share."""
 from dataclasses import dataclass
 from typing import Optional
 
