@@ -16,7 +16,7 @@ extra = dict(kv.split("=") for kv in os.environ.get("CONST", "").split(",") if k
 signature, constexprs, attrs = {}, {}, {}
 tld = {"bf16": tl.bfloat16, "fp16": tl.float16}[dtype]
 defaults = dict(GROUP_SIZE=128, BITS=4, GROUP_PER_CHUNK=True, HAS_ZEROS=False, HAS_PERM=False, HAS_BIAS=False,
-                FINAL=True, DOT_DTYPE=tld, DOT_PRECISION="tf32", PAIRS=True, EVEN=True, X_DESCRIPTOR=False, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, WORDS=16)
+                FINAL=True, DOT_DTYPE=tld, DOT_PRECISION="tf32", PAIRS=True, EVEN=True, X_DESCRIPTOR=False, WAIT_FOR_WGMMAS=True, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, WORDS=16)
 for i, name in enumerate(kernel.arg_names):
     p = kernel.params[i]
     if p.is_constexpr:

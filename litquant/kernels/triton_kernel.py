@@ -447,7 +447,8 @@ def _mma_kernel(x_ptr, qweight_ptr, scale_zero_ptr, perm_ptr, bias_ptr, out_ptr,
                 HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FINAL: tl.constexpr,
                 DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PAIRS: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, WORDS: tl.constexpr,
-                FIELDS_PER_DOT: tl.constexpr, X_DESCRIPTOR: tl.constexpr, EVEN: tl.constexpr):
+                FIELDS_PER_DOT: tl.constexpr, X_DESCRIPTOR: tl.constexpr, WAIT_FOR_WGMMAS: tl.constexpr,
+                EVEN: tl.constexpr):
     """A [BLOCK_M, BLOCK_N] output tile (or split partial) on tensor cores, computed transposed as
     acc[BLOCK_N, BLOCK_M] += W_j[BLOCK_N, 16 F] @ x_j^T[16 F, BLOCK_M], one dot for each F = FIELDS_PER_DOT fields j
     of a chunk (for F > 1 at 3 bits, the last dot takes 10 % F fields).
@@ -511,6 +512,12 @@ def _mma_kernel(x_ptr, qweight_ptr, scale_zero_ptr, perm_ptr, bias_ptr, out_ptr,
                 xt = _activations(x_rows, perm_ptr, c * ROWS + j * WORDS, min(FIELDS_PER_DOT, VALUES - j) * WORDS,
                                   K, m_mask, HAS_PERM, EVEN)
             acc = tl.dot(w, xt.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
+        if WAIT_FOR_WGMMAS:
+            # Triton 3.6 waits for all but the last 7 wgmmas of a chunk, and the next chunk's dequantization
+            # then overwrites A registers that those still read (wrong sums on an H200 for some configs): wait
+            # for all of them before the loop goes round.
+            tl.inline_asm_elementwise("wgmma.wait_group.sync.aligned 0;", "=r", [], dtype=tl.int32, is_pure=False,
+                                      pack=1)
     _write_result(acc, bias_ptr, out_ptr, partials_ptr, locks_ptr, pid, offs_m[None, :] * stride_om + offs_n[:, None],
                   offs_n[:, None], n_mask[:, None] & m_mask[None, :], stride_split, HAS_BIAS, FINAL)
 
@@ -634,12 +641,18 @@ def candidate_configs(m: int, n: int, k: int, bits: int, device: torch.device) -
             configs += [KernelConfig("mma", block_n=block_n, block_m=block_m, split_k=s, num_stages=stages)
                         for s in splits(-(-n // block_n) * -(-m // block_m))]
     else:
-        for block_m, block_n, warps, stages in ((block_m, 128, 4, 3), (128, 128, 8, 3), (64, 128, 4, 3),
-                                                (128, 256, 8, 3), (128, 128, 4, 4)):
+        # With x through TMA (sm_90+), 256-row tiles on 8 warps won on the 70B layers at M = 256 and 1024, and 2
+        # stages let two 128 x 128 blocks share an SM (benchmarks/results/2026-12-01-triton-one-dot-a-chunk.md)
+        tma = not (device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9)
+        shapes = [(block_m, 128, 4, 3, False), (128, 128, 8, 3, False), (64, 128, 4, 3, False),
+                  (128, 256, 8, 3, False)]
+        if tma:
+            shapes += [(128, 128, 4, 3, True), (128, 128, 8, 2, True)] + ([(256, 128, 8, 3, True)] if m >= 256 else [])
+        for block_m, block_n, warps, stages, descriptor in shapes:
             tiles = -(-n // block_n) * -(-m // block_m)
             split = 1 if tiles >= sms else splits(tiles)[0]
             configs.append(KernelConfig("mma", block_n=block_n, block_m=block_m, split_k=split, num_warps=warps,
-                                        num_stages=stages))
+                                        num_stages=stages, x_descriptor=descriptor))
     if m >= DEQUANT_MIN_M:
         configs.append(KernelConfig("dequant"))
     return list(dict.fromkeys(configs))
@@ -769,7 +782,9 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scale_z
         descriptor = config.x_descriptor and _x_descriptor(x, chunk_rows(bits), config.block_m, fields, bits)
         if descriptor:
             args = (descriptor,) + args[1:]
+        hopper = x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] >= 9
         _mma_kernel[grid](*args, m, n, k, x.stride(0), n, m * n, DOT_DTYPE=dot_dtype, X_DESCRIPTOR=bool(descriptor),
+                          WAIT_FOR_WGMMAS=hopper and fields > 1 and os.environ.get("LITQUANT_NO_WGMMA_WAIT") != "1",
                           DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32", PAIRS=pairs,
                           BLOCK_M=config.block_m, GROUP_M=8, EVEN=even, FIELDS_PER_DOT=fields, **flags)
 
