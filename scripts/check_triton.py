@@ -11,6 +11,7 @@ and compiles a covering subset of them (`covering`) for both GPUs with Triton's 
 import os
 import sys
 import time
+from dataclasses import replace
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     sys.exit("check_triton.py compiles the kernels: run it without TRITON_INTERPRET=1")
@@ -19,6 +20,7 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 import litquant.kernels.triton_kernel as tk
 from litquant.formats.common import default_g_idx
@@ -49,6 +51,9 @@ def record_launches():
                         signature[p.name], constexprs[p.name] = "constexpr", value
                     elif isinstance(value, torch.Tensor):
                         signature[p.name] = POINTER_TYPES[value.dtype]
+                    elif isinstance(value, TensorDescriptor):
+                        signature[p.name] = (f"tensordesc<{POINTER_TYPES[value.base.dtype][1:]}"
+                                             f"{list(value.block_shape)}>")
                     else:
                         signature[p.name] = "i32" if isinstance(value, int) and abs(value) < 2**31 else "fp32"
                 key = (self.kernel.fn.__name__, tuple(signature.items()), tuple(map(str, constexprs.items())),
@@ -72,7 +77,12 @@ def record_launches():
                     bias = torch.randn(n, dtype=dtype) if act_order else None
                     for m in (1, 3, 32, 256):
                         x, out = torch.randn(m, k, dtype=dtype), torch.empty(m, n, dtype=dtype)
-                        for config in tk.candidate_configs(m, n, k, bits, torch.device("cpu")):
+                        configs = tk.candidate_configs(m, n, k, bits, torch.device("cpu"))
+                        # the mma path at one field a dot too (sm_80's default; the CPU device takes sm_90's),
+                        # and with x through a TMA descriptor
+                        configs += [replace(c, fields_per_dot=1) for c in configs if c.path == "mma"]
+                        configs += [replace(c, x_descriptor=True) for c in configs if c.path == "mma"]
+                        for config in configs:
                             if config.path != "dequant":  # the dequant path multiplies by cuBLAS: not recorded
                                 tk.launch(config, x, packed.qweight, packed.scale_zero, packed.perm, bias,
                                           packed.locks, bits, group_size, out)

@@ -33,7 +33,9 @@ TOLERANCE = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1e-5}  # 
 # Tiles wider than N = 45 (masked edges); M = 17 spans two row tiles, and gemv splits K (partial sums).
 PATHS = {
     "gemv": tk.KernelConfig("gemv", block_n=64, block_m=2, split_k=2),  # M = 3: a full and a masked row block
-    "mma": tk.KernelConfig("mma", block_n=64, block_m=16),
+    "mma": tk.KernelConfig("mma", block_n=64, block_m=16),  # one dot a chunk (the default here)
+    "mma-per-field": tk.KernelConfig("mma", block_n=64, block_m=16, fields_per_dot=1),  # sm_80's default
+    "mma-x-descriptor": tk.KernelConfig("mma", block_n=64, block_m=16, x_descriptor=True),  # TMA: zeros past M, K
     "dequant": tk.KernelConfig("dequant"),
 }
 
@@ -112,9 +114,10 @@ def test_2_3_and_8_bit_match_reference(bits, dtype, case):
     """(On a GPU, the mma path dequantizes 8-bit codes in 16 bits for fp16 and in fp32 for bf16.)"""
     group_size, act_order, zero_point, k = CASES[case]
     qw = random_quantized(k, 40, bits, group_size, act_order, zero_point, seed=bits)
-    # split_k 3 over 1-2 chunks: some splits get no chunk and must add zeros
+    # split_k 3 over 1-2 chunks: gemv splits get no chunk and must add zeros, mma takes one split a chunk; 4
+    # fields a dot take 3-bit chunks as 4 + 4 + 2
     for config in (tk.KernelConfig("gemv", block_n=64, block_m=1), tk.KernelConfig("mma", block_n=32, split_k=3),
-                   PATHS["dequant"]):
+                   tk.KernelConfig("mma", block_n=32, fields_per_dot=4), PATHS["mma-per-field"], PATHS["dequant"]):
         check_against_references(qw, config, dtype, ms=(1, 5))
 
 
@@ -252,6 +255,10 @@ def test_bad_weights_raise_clear_errors():
     x = torch.randn(2, 256, device=DEVICE, dtype=torch.float16)
     with pytest.raises(ValueError, match=r"out must be a contiguous torch.float16 tensor of shape \[2, 48\]"):
         tk.quant_matmul(x, packed, out=torch.empty(2, 47, device=DEVICE, dtype=torch.float16))
+    for fields in (3, 16):
+        with pytest.raises(ValueError, match=f"fields_per_dot must be a power of two from 1 to 8 at 4 bits, got "
+                                             f"{fields}"):
+            tk.quant_matmul(x, packed, config=tk.KernelConfig("mma", block_n=64, fields_per_dot=fields))
 
 
 def test_unavailable_without_gpu_or_interpreter(monkeypatch):
@@ -276,7 +283,10 @@ def test_candidate_configs_per_m_bucket():
 GPU_PATHS = {
     "gemv": (tk.KernelConfig("gemv", block_n=128, block_m=4, split_k=4), (1, 3)),
     "mma-small": (tk.KernelConfig("mma", block_n=128, block_m=16, split_k=4), (1, 16)),
+    "mma-per-field": (tk.KernelConfig("mma", block_n=128, block_m=64, split_k=2, fields_per_dot=1), (64, 100)),
     "mma-large": (tk.KernelConfig("mma", block_n=128, block_m=128, num_warps=8, num_stages=3), (333, 4096)),
+    "mma-x-descriptor": (tk.KernelConfig("mma", block_n=128, block_m=128, num_warps=8, num_stages=2,
+                                         x_descriptor=True), (333, 4096)),
     "dequant": (tk.KernelConfig("dequant"), (333, 4096)),
 }
 

@@ -27,9 +27,10 @@ Paths, picked per (device, dtype, N, K, M bucket) by timing the candidates once 
     gemv     BLOCK_M activation rows per program, [BLOCK_N, 16] word tiles, fp32 FMAs on the CUDA cores, split-K over
              chunks for occupancy, chunks streamed through a cp.async pipeline: decode (M = 1..4), memory bound.
              Fields are read as denormal floats (`_field_product`): one AND and one FMA per weight.
-    mma      tensor cores: out^T = W @ x^T for a [BLOCK_N, BLOCK_M] tile, per chunk one K = 16 dot per field, the
-             weights being the register operand, dequantized in 16 bits where it lies (`_field_pairs`); split-K
-             when the tiles alone do not fill the GPU, grouped tile order for L2 reuse at large M.
+    mma      tensor cores: out^T = W @ x^T for a [BLOCK_N, BLOCK_M] tile, the weights being the register operand,
+             dequantized in 16 bits where they lie (`_field_pairs`): from sm_90 one dot a chunk, its fields set
+             side by side in registers (`_fields_side_by_side`), on sm_80 one K = 16 dot a field; split-K when
+             the tiles alone do not fill the GPU, grouped tile order for L2 reuse at large M.
     dequant  `_dequant_kernel` writes the whole weight in the activation dtype (one [BLOCK_N, ROWS] tile per
              chunk), then cuBLAS: for large, compute-bound M.
     Split-K partial sums go to an fp32 buffer [SPLIT_K, M, N]; the last program of each output tile to finish
@@ -59,6 +60,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from litquant.formats import QuantizedWeight
 from litquant.formats.common import default_g_idx
@@ -400,22 +402,77 @@ def _field_pairs(words, j: tl.constexpr, BITS: tl.constexpr, params, DOT_DTYPE: 
 
 
 @triton.jit
+def _fields_side_by_side(words, params, scale_zero_ptr, row, first: tl.constexpr, count: tl.constexpr, offs_n, n_mask,
+                         N, K, GROUP_SIZE: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr, BITS: tl.constexpr,
+                         DOT_DTYPE: tl.constexpr, PAIRS: tl.constexpr):
+    """Fields first .. first + count - 1 (count a power of two) of the [BLOCK_N, 16] words of the chunk at sorted row
+    `row`, dequantized side by side: [BLOCK_N, 16 * count], column 16 * i + w from field first + i of word w, i.e.
+    sorted rows row + 16 * first + [0, 16 * count) in order. `params` are the group parameters of the chunk's first
+    row; with groups smaller than a chunk each field loads its own.
+
+    Built by tl.join of halves: the field index becomes register dimensions of the dot operand's layout, which
+    Triton carries through join, permute and reshape without moving data (no shared memory, no shuffle)."""
+    if count == 1:
+        if not GROUP_PER_CHUNK and first > 0:
+            params = _group_params(scale_zero_ptr, row + 16 * first, GROUP_SIZE, offs_n, n_mask, N, K)
+        if PAIRS:
+            return _field_pairs(words, first, BITS, params, DOT_DTYPE)
+        else:
+            s, sz = _weight_scale_and_offset(params, BITS)
+            return (_field_as_float(words, first, BITS) * s[:, None] + sz[:, None]).to(DOT_DTYPE)
+    else:
+        low = _fields_side_by_side(words, params, scale_zero_ptr, row, first, count // 2, offs_n, n_mask, N, K,
+                                   GROUP_SIZE, GROUP_PER_CHUNK, BITS, DOT_DTYPE, PAIRS)
+        high = _fields_side_by_side(words, params, scale_zero_ptr, row, first + count // 2, count // 2, offs_n,
+                                    n_mask, N, K, GROUP_SIZE, GROUP_PER_CHUNK, BITS, DOT_DTYPE, PAIRS)
+        both = tl.permute(tl.join(low, high), (0, 2, 1))  # [BLOCK_N, 2, 16 * count / 2]
+        return tl.reshape(both, (both.shape[0], 16 * count))
+
+
+@triton.jit
+def _activations(x_rows, perm_ptr, first_row, rows: tl.constexpr, K, m_mask, HAS_PERM: tl.constexpr,
+                 EVEN: tl.constexpr):
+    """x^T [rows, BLOCK_M] for sorted input rows first_row + [0, rows) (zeros past K and past M)."""
+    cols, k_mask = _activation_columns(perm_ptr, first_row + tl.arange(0, rows), K, HAS_PERM, EVEN)
+    if EVEN:
+        return tl.load(x_rows + cols[:, None])
+    else:
+        return tl.load(x_rows + cols[:, None], mask=k_mask[:, None] & m_mask[None, :], other=0.0)
+
+
+@triton.jit
 def _mma_kernel(x_ptr, qweight_ptr, scale_zero_ptr, perm_ptr, bias_ptr, out_ptr, partials_ptr, locks_ptr,
                 M, N, K, stride_xm, stride_om, stride_split,
                 GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr,
                 HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FINAL: tl.constexpr,
                 DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, PAIRS: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, WORDS: tl.constexpr,
+                FIELDS_PER_DOT: tl.constexpr, X_DESCRIPTOR: tl.constexpr, WAIT_FOR_WGMMAS: tl.constexpr,
                 EVEN: tl.constexpr):
     """A [BLOCK_M, BLOCK_N] output tile (or split partial) on tensor cores, computed transposed as
-    acc[BLOCK_N, BLOCK_M] += W_j[BLOCK_N, 16] @ x_j^T[16, BLOCK_M], one dot per field j of each chunk.
+    acc[BLOCK_N, BLOCK_M] += W_j[BLOCK_N, 16 F] @ x_j^T[16 F, BLOCK_M], one dot for each F = FIELDS_PER_DOT fields j
+    of a chunk (for F > 1 at 3 bits, the last dot takes 10 % F fields).
 
     The weights are the register operand of the dot (wgmma on Hopper), in the layout that Triton gives that
-    operand: the dequantization runs there, with no shuffle. PAIRS dequantizes in 16 bits (`_field_pairs`), else
-    (fp32 activations, the interpreter, 8-bit codes in bf16) as fp32 FMAs. On an H200 (bf16, g128,
-    benchmarks/results/2026-12-01-triton-mma16.md) the 16-bit path cut the loop from 537 to ~330 instructions a
-    thread a chunk (128 x 128 tile, 8 warps) and the time 20-48% at M = 16..128 and 11-16% on the large 70B
-    layers at M = 256, where Triton still waits for each wgmma before the next field's dequantization."""
+    operand: the dequantization runs there, with no shuffle, each field where it lies (`_fields_side_by_side`).
+    PAIRS dequantizes in 16 bits (`_field_pairs`), else (fp32 activations, the interpreter, 8-bit codes in bf16)
+    as fp32 FMAs.
+
+    F and the assumption of a non-empty run of chunks (the launch gives each split at least one), compiled for
+    sm_90 with triton 3.6 (the device's; `default_fields_per_dot`):
+    - one dot a field (F = 1) waits for each wgmma before the next field's dequantization (wgmma.wait_group 0);
+    - one dot a chunk lets Triton keep all of the chunk's wgmmas in flight (wait_group 7 after each);
+    - ptxas still serialized them (its advisory C7515: "non wgmma instructions defining accumulator registers of a
+      wgmma between start and end of the pipeline stage"), for the zero-trip path that moves the initial zeros into
+      the accumulators. Without that path consecutive HGMMAs take distinct A registers and each waits only for the
+      one issued 8 before it.
+    On sm_80, Triton spreads one dot a chunk over 2 x 4 warps, and each dequantizes the weights of 4 (948
+    instructions a thread a chunk against 409 for one dot a field, whose chain of dots keeps all warps on
+    BLOCK_N).
+
+    X_DESCRIPTOR: x_ptr is a TMA tensor descriptor of x with [BLOCK_M, 16 F] blocks (one dot a chunk, no
+    act_order gather): the copy engine fills the stages, zeros past M and K, and the threads keep no x
+    addresses (126 registers against 166 at 128 x 128 on 8 warps, sm_90a)."""
     VALUES: tl.constexpr = 32 // BITS
     ROWS: tl.constexpr = VALUES * WORDS
     pid = tl.program_id(0)
@@ -434,32 +491,33 @@ def _mma_kernel(x_ptr, qweight_ptr, scale_zero_ptr, perm_ptr, bias_ptr, out_ptr,
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
     n_mask = offs_n < N
-    offs_w = tl.arange(0, WORDS)
     first, last = _split_chunks(tl.cdiv(K, ROWS), pid_k)
-    tile = qweight_ptr + offs_n[:, None] * WORDS + offs_w[None, :]
-    x_rows = x_ptr + offs_m[None, :] * stride_xm
+    tl.assume(first < last)
+    tile = qweight_ptr + offs_n[:, None] * WORDS + tl.arange(0, WORDS)[None, :]
+    if not X_DESCRIPTOR:
+        x_rows = x_ptr + offs_m[None, :] * stride_xm
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
     for c in range(first, last):
         if EVEN:
             words = tl.load(tile + c * N * WORDS)
         else:
             words = tl.load(tile + c * N * WORDS, mask=n_mask[:, None], other=0)
-        if GROUP_PER_CHUNK:
-            params = _group_params(scale_zero_ptr, c * ROWS, GROUP_SIZE, offs_n, n_mask, N, K)
-        for j in tl.static_range(VALUES):
-            if not GROUP_PER_CHUNK:
-                params = _group_params(scale_zero_ptr, c * ROWS + j * WORDS, GROUP_SIZE, offs_n, n_mask, N, K)
-            cols, k_mask = _activation_columns(perm_ptr, c * ROWS + j * WORDS + offs_w, K, HAS_PERM, EVEN)
-            if EVEN:
-                xt = tl.load(x_rows + cols[:, None])
+        params = _group_params(scale_zero_ptr, c * ROWS, GROUP_SIZE, offs_n, n_mask, N, K)
+        for j in tl.static_range(0, VALUES, FIELDS_PER_DOT):  # fields j .. j + min(F, VALUES - j) - 1
+            w = _fields_side_by_side(words, params, scale_zero_ptr, c * ROWS, j, min(FIELDS_PER_DOT, VALUES - j),
+                                     offs_n, n_mask, N, K, GROUP_SIZE, GROUP_PER_CHUNK, BITS, DOT_DTYPE, PAIRS)
+            if X_DESCRIPTOR:
+                xt = x_ptr.load([pid_m * BLOCK_M, c * ROWS + j * WORDS]).T
             else:
-                xt = tl.load(x_rows + cols[:, None], mask=k_mask[:, None] & m_mask[None, :], other=0.0)
-            if PAIRS:
-                w = _field_pairs(words, j, BITS, params, DOT_DTYPE)
-            else:
-                s, sz = _weight_scale_and_offset(params, BITS)
-                w = (_field_as_float(words, j, BITS) * s[:, None] + sz[:, None]).to(DOT_DTYPE)
+                xt = _activations(x_rows, perm_ptr, c * ROWS + j * WORDS, min(FIELDS_PER_DOT, VALUES - j) * WORDS,
+                                  K, m_mask, HAS_PERM, EVEN)
             acc = tl.dot(w, xt.to(DOT_DTYPE), acc, input_precision=DOT_PRECISION)
+        if WAIT_FOR_WGMMAS:
+            # Triton 3.6 waits for all but the last 7 wgmmas of a chunk, and the next chunk's dequantization
+            # then overwrites A registers that those still read (wrong sums on an H200 for some configs): wait
+            # for all of them before the loop goes round.
+            tl.inline_asm_elementwise("wgmma.wait_group.sync.aligned 0;", "=r", [], dtype=tl.int32, is_pure=False,
+                                      pack=1)
     _write_result(acc, bias_ptr, out_ptr, partials_ptr, locks_ptr, pid, offs_m[None, :] * stride_om + offs_n[:, None],
                   offs_n[:, None], n_mask[:, None] & m_mask[None, :], stride_split, HAS_BIAS, FINAL)
 
@@ -498,6 +556,8 @@ class KernelConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 2
+    fields_per_dot: Optional[int] = None  # mma: F of `_mma_kernel`; None: `default_fields_per_dot`
+    x_descriptor: bool = False  # mma: x through a TMA descriptor where `_x_descriptor` can make one
 
 
 GEMV_MAX_M = 4
@@ -507,6 +567,24 @@ TUNING_MAX_COPIES = 64  # of the weight while tuning (a layer that small is late
 DEQUANT_MIN_M = 256
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 _TUNED: Dict[tuple, KernelConfig] = {}
+
+
+def default_fields_per_dot(bits: int, device: torch.device) -> int:
+    """The mma path's fields a dot unless a config says: the whole chunk (its largest power of two at 3 bits) from
+    sm_90 on, and under the interpreter; one below sm_90 (see `_mma_kernel`)."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
+        return 1
+    return 1 << ((32 // bits).bit_length() - 1)
+
+
+def _x_descriptor(x: torch.Tensor, rows: int, block_m: int, fields: int, bits: int) -> Optional[TensorDescriptor]:
+    """A TMA descriptor of x [M, K] with [block_m, rows] blocks, where the mma kernel can take one: not before
+    sm_90, at one dot a chunk, with x 16-byte aligned; else None (the kernel then loads x itself)."""
+    if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 9:
+        return None
+    if fields != 32 // bits or x.data_ptr() % 16 or x.stride(0) * x.element_size() % 16:
+        return None
+    return TensorDescriptor.from_tensor(x, [block_m, rows])
 
 
 def _sm_count(device: torch.device) -> int:
@@ -563,12 +641,18 @@ def candidate_configs(m: int, n: int, k: int, bits: int, device: torch.device) -
             configs += [KernelConfig("mma", block_n=block_n, block_m=block_m, split_k=s, num_stages=stages)
                         for s in splits(-(-n // block_n) * -(-m // block_m))]
     else:
-        for block_m, block_n, warps, stages in ((block_m, 128, 4, 3), (128, 128, 8, 3), (64, 128, 4, 3),
-                                                (128, 256, 8, 3), (128, 128, 4, 4)):
+        # With x through TMA (sm_90+), 256-row tiles on 8 warps won on the 70B layers at M = 256 and 1024, and 2
+        # stages let two 128 x 128 blocks share an SM (benchmarks/results/2026-12-01-triton-one-dot-a-chunk.md)
+        tma = not (device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9)
+        shapes = [(block_m, 128, 4, 3, False), (128, 128, 8, 3, False), (64, 128, 4, 3, False),
+                  (128, 256, 8, 3, False)]
+        if tma:
+            shapes += [(128, 128, 4, 3, True), (128, 128, 8, 2, True)] + ([(256, 128, 8, 3, True)] if m >= 256 else [])
+        for block_m, block_n, warps, stages, descriptor in shapes:
             tiles = -(-n // block_n) * -(-m // block_m)
             split = 1 if tiles >= sms else splits(tiles)[0]
             configs.append(KernelConfig("mma", block_n=block_n, block_m=block_m, split_k=split, num_warps=warps,
-                                        num_stages=stages))
+                                        num_stages=stages, x_descriptor=descriptor))
     if m >= DEQUANT_MIN_M:
         configs.append(KernelConfig("dequant"))
     return list(dict.fromkeys(configs))
@@ -666,17 +750,19 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scale_z
         if bias is not None:
             out += bias
         return
-    if perm is not None and m > PERMUTE_X_ABOVE_M:
+    if perm is not None and (m > PERMUTE_X_ABOVE_M or config.x_descriptor):
         x, perm = x.index_select(1, perm), None
-    final = config.split_k == 1
-    partials = out if final else torch.empty(config.split_k, m, n, dtype=torch.float32, device=x.device)
+    # The mma kernel's loop assumes a non-empty run of chunks (see its docstring): at most one split a chunk.
+    split = config.split_k if config.path == "gemv" else min(config.split_k, -(-k // chunk_rows(bits)))
+    final = split == 1
+    partials = out if final else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     args = (x, qweight, scale_zero, perm, bias, out, partials, locks)
     flags.update(HAS_PERM=perm is not None, HAS_BIAS=bias is not None, FINAL=final, BLOCK_N=config.block_n,
                  num_warps=config.num_warps, num_stages=config.num_stages)
     if config.path == "gemv":
-        grid = (triton.cdiv(n, config.block_n), config.split_k, triton.cdiv(m, config.block_m))
+        grid = (triton.cdiv(n, config.block_n), split, triton.cdiv(m, config.block_m))
     else:
-        grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), config.split_k)
+        grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), split)
     if not final and grid[0] * (grid[2] if config.path == "gemv" else 1) > locks.numel():
         raise ValueError(f"{config} for M={m} N={n} splits more output tiles than the {locks.numel()} split-K "
                          f"counters given (see lock_count)")
@@ -685,13 +771,22 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scale_z
         _gemv_kernel[grid](*args, m, n, k, x.stride(0), n, m * n, X_EXPONENT=X_EXPONENT,
                            NUM_STAGES=config.num_stages, BLOCK_M=config.block_m, EVEN=even, **flags)
     else:
+        fields = config.fields_per_dot or default_fields_per_dot(bits, x.device)
+        if fields & (fields - 1) or not 1 <= fields <= 32 // bits:
+            raise ValueError(f"fields_per_dot must be a power of two from 1 to {32 // bits} at {bits} bits, "
+                             f"got {fields}")
         # The interpreter computes bf16 tl.dot wrongly (triton 3.9), and cannot run inline PTX: it gets the same
         # values widened to fp32.
         dot_dtype = tl.float32 if INTERPRET else _TL_DTYPES[x.dtype]
         pairs = dot_dtype == tl.float16 or (dot_dtype == tl.bfloat16 and bits < 8)  # codes must fit the mantissa
-        _mma_kernel[grid](*args, m, n, k, x.stride(0), n, m * n, DOT_DTYPE=dot_dtype,
+        descriptor = config.x_descriptor and _x_descriptor(x, chunk_rows(bits), config.block_m, fields, bits)
+        if descriptor:
+            args = (descriptor,) + args[1:]
+        hopper = x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] >= 9
+        _mma_kernel[grid](*args, m, n, k, x.stride(0), n, m * n, DOT_DTYPE=dot_dtype, X_DESCRIPTOR=bool(descriptor),
+                          WAIT_FOR_WGMMAS=hopper and fields > 1 and os.environ.get("LITQUANT_NO_WGMMA_WAIT") != "1",
                           DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32", PAIRS=pairs,
-                          BLOCK_M=config.block_m, GROUP_M=8, EVEN=even, **flags)
+                          BLOCK_M=config.block_m, GROUP_M=8, EVEN=even, FIELDS_PER_DOT=fields, **flags)
 
 
 def quant_matmul(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Tensor] = None,
