@@ -46,8 +46,8 @@ Paths, picked per (device, dtype, N, K, M bucket) by timing the candidates once 
     x permuted to match (the bytes load from shared memory straight into the dot operand's layout), the best
     config was 0.33-0.55x cuBLAS at M = 256 and 0.56-0.69x at M = 4096 (2026-12-01-triton-byte-planes.log). The
     dequant path is already at ~87% of its bandwidth bound (it must write 2 bytes per weight), so dequant +
-    cuBLAS cannot pass ~0.5x of cuBLAS at M = 256: the large-M target needs a fused wgmma kernel, which Triton
-    did not give here.
+    cuBLAS cannot pass ~0.5x of cuBLAS at M = 256: large M needs the fused path, one dot a chunk
+    (`_mma_kernel`).
 """
 import logging
 import os
@@ -465,7 +465,12 @@ def _mma_kernel(x_ptr, qweight_ptr, scale_zero_ptr, perm_ptr, bias_ptr, out_ptr,
     - ptxas still serialized them (its advisory C7515: "non wgmma instructions defining accumulator registers of a
       wgmma between start and end of the pipeline stage"), for the zero-trip path that moves the initial zeros into
       the accumulators. Without that path consecutive HGMMAs take distinct A registers and each waits only for the
-      one issued 8 before it.
+      one issued 8 before it;
+    - but up to 7 are then still in flight when the next chunk's dequantization rewrites their A registers: on an
+      H200 some configs summed wrongly (bf16 relative error up to 2.5e-2, NaN with x through TMA). So
+      WAIT_FOR_WGMMAS waits for all of them at the end of each chunk. The 8 still run back to back, and the
+      other warpgroups and blocks fill the wait (70B-up at M = 256: F = 1 561 us, F = 8 477 us, F = 8 with x
+      through TMA on 256-row tiles 431 us; benchmarks/results/2026-12-01-triton-one-dot-a-chunk.md).
     On sm_80, Triton spreads one dot a chunk over 2 x 4 warps, and each dequantizes the weights of 4 (948
     instructions a thread a chunk against 409 for one dot a field, whose chain of dots keeps all warps on
     BLOCK_N).
@@ -724,7 +729,8 @@ def choose_config(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tens
             times[config] = min(t, times.get(config, t))
     _TUNED[key] = min(times, key=times.get)
     log.debug("tuned M<=%d N=%d K=%d %s: %s", m_bucket(m), n, k, x.dtype, "; ".join(
-        f"{c.path} bn={c.block_n} bm={c.block_m} split={c.split_k} w={c.num_warps} st={c.num_stages} "
+        f"{c.path} bn={c.block_n} bm={c.block_m} split={c.split_k} w={c.num_warps} st={c.num_stages}"
+        f"{' tma' if c.x_descriptor else ''} "
         f"{t * 1e6:.1f} us" for c, t in sorted(times.items(), key=lambda item: item[1])))
     return _TUNED[key]
 
@@ -784,7 +790,7 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scale_z
             args = (descriptor,) + args[1:]
         hopper = x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] >= 9
         _mma_kernel[grid](*args, m, n, k, x.stride(0), n, m * n, DOT_DTYPE=dot_dtype, X_DESCRIPTOR=bool(descriptor),
-                          WAIT_FOR_WGMMAS=hopper and fields > 1 and os.environ.get("LITQUANT_NO_WGMMA_WAIT") != "1",
+                          WAIT_FOR_WGMMAS=hopper and fields > 1,
                           DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32", PAIRS=pairs,
                           BLOCK_M=config.block_m, GROUP_M=8, EVEN=even, FIELDS_PER_DOT=fields, **flags)
 

@@ -1,6 +1,6 @@
 """Per-config relative error of the triton mma path (F = 1, F = 8, F = 8 + x descriptor) against the dequant path,
-outputs NaN-poisoned: which configs of exp/ab_fields_per_dot.py go wrong.
-    python3 exp/err_configs.py [shape:M,...] [dtype]"""
+outputs NaN-poisoned, for every config that benchmarks/triton_mma_ab.py times.
+    python3 benchmarks/triton_mma_errors.py [shape:M,...] [dtype]"""
 import dataclasses
 import sys
 
@@ -10,7 +10,7 @@ sys.path.insert(0, "benchmarks")
 sys.path.insert(0, ".")
 from kernels import SHAPES, build_litquant  # noqa: E402
 import litquant.kernels.triton_kernel as tk  # noqa: E402
-from exp.ab_fields_per_dot import configs, label, packed  # noqa: E402
+from triton_mma_ab import configs, label, packed  # noqa: E402
 
 dev = torch.device("cuda")
 cells = [c.split(":") for c in (sys.argv[1] if len(sys.argv) > 1 else "70B-down:256,7B-up:333,70B-qkv:64").split(",")]
@@ -28,4 +28,5 @@ for shape, m in cells:
             out = torch.full((m, n), float("nan"), dtype=dtype, device=dev)
             tk.quant_matmul(x, layer, out=out, config=c)
             errs.append(((out.double() - ref).norm() / ref.norm()).item())
-        print(f"{shape} M={m} {label(config)}: F=1 {errs[0]:.1e}  F=8 {errs[1]:.1e}  F=8+desc {errs[2]:.1e}", flush=True)
+        print(f"{shape} M={m} {label(config)}: F=1 {errs[0]:.1e}  F=8 {errs[1]:.1e}  F=8+desc {errs[2]:.1e}",
+              flush=True)

@@ -1,8 +1,17 @@
 """Compile a triton mma-path kernel for sm_90 on the CPU machine (real-launch divisibility hints) and report:
 wgmma count and wait pendings in the TTGIR, layout conversions, registers, and the SASS instruction mix of the
-main loop. Usage: python exp/inspect_mma.py MODULE KERNEL BLOCK_M BLOCK_N WARPS STAGES [DTYPE]"""
-import collections, importlib, os, re, subprocess, sys, tempfile
-import triton, triton.language as tl
+main loop. Usage: python scripts/inspect_triton_mma.py MODULE KERNEL BLOCK_M BLOCK_N WARPS STAGES [DTYPE]"""
+import collections
+import importlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -10,13 +19,14 @@ mod = importlib.import_module(sys.argv[1])
 kernel = getattr(mod, sys.argv[2])
 bm, bn, warps, stages = map(int, sys.argv[3:7])
 dtype = sys.argv[7] if len(sys.argv) > 7 else "bf16"
-ptr = {"sb_ptr": "*i32", "sz_ptr": "*i32", "scale_zero_ptr": "*i32", "x_ptr": f"*{dtype}", "qweight_ptr": "*i32", "scales_ptr": "*fp16", "zeros_ptr": "*fp16", "perm_ptr": "*i32",
+ptr = {"scale_zero_ptr": "*i32", "x_ptr": f"*{dtype}", "qweight_ptr": "*i32", "perm_ptr": "*i32",
        "bias_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "partials_ptr": "*fp32", "locks_ptr": "*i32"}
 extra = dict(kv.split("=") for kv in os.environ.get("CONST", "").split(",") if kv)
 signature, constexprs, attrs = {}, {}, {}
 tld = {"bf16": tl.bfloat16, "fp16": tl.float16}[dtype]
-defaults = dict(GROUP_SIZE=128, BITS=4, GROUP_PER_CHUNK=True, HAS_ZEROS=False, HAS_PERM=False, HAS_BIAS=False,
-                FINAL=True, DOT_DTYPE=tld, DOT_PRECISION="tf32", PAIRS=True, EVEN=True, X_DESCRIPTOR=False, WAIT_FOR_WGMMAS=True, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, WORDS=16)
+defaults = dict(GROUP_SIZE=128, BITS=4, GROUP_PER_CHUNK=True, HAS_PERM=False, HAS_BIAS=False,
+                FINAL=True, DOT_DTYPE=tld, DOT_PRECISION="tf32", PAIRS=True, EVEN=True, X_DESCRIPTOR=False,
+                WAIT_FOR_WGMMAS=True, BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, WORDS=16)
 for i, name in enumerate(kernel.arg_names):
     p = kernel.params[i]
     if p.is_constexpr:
@@ -24,7 +34,7 @@ for i, name in enumerate(kernel.arg_names):
         if isinstance(v, str):
             v = int(v) if v.lstrip("-").isdigit() else (v == "True" if v in ("True", "False") else v)
         signature[name], constexprs[name] = "constexpr", v
-    elif (name == "perm_ptr" and extra.get("HAS_PERM") != "True") or name == "bias_ptr" or (name == "zeros_ptr" and not defaults["HAS_ZEROS"]):
+    elif (name == "perm_ptr" and extra.get("HAS_PERM") != "True") or name == "bias_ptr":
         signature[name], constexprs[name] = "constexpr", None
     elif name == "x_desc" or (name == "x_ptr" and extra.get("X_DESCRIPTOR") == "True"):
         signature[name] = f"tensordesc<{dtype}[{bm}, {os.environ.get('DESC_K', '16')}]>"
@@ -36,7 +46,8 @@ for i, name in enumerate(kernel.arg_names):
         if name != "M":
             attrs[(i,)] = [["tt.divisibility", 16]]
 src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-k = triton.compile(src, target=GPUTarget("cuda", int(os.environ.get("ARCH", "90")), 32), options={"num_warps": warps, "num_stages": stages})
+k = triton.compile(src, target=GPUTarget("cuda", int(os.environ.get("ARCH", "90")), 32),
+                  options={"num_warps": warps, "num_stages": stages})
 ttgir = k.asm["ttgir"]
 print("wgmma:", ttgir.count("warp_group_dot "), "waits:", re.findall(r"warp_group_dot_wait.*pendings = (\d+)", ttgir),
       "convert_layout:", ttgir.count("convert_layout"), "local_alloc:", ttgir.count("local_alloc"),
@@ -45,7 +56,7 @@ out = os.environ.get("DUMP")
 if out:
     for ext in ("ttgir", "ptx"):
         open(f"{out}.{ext}", "w").write(k.asm[ext])
-nvdisasm = "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/triton/backends/nvidia/bin/nvdisasm"
+nvdisasm = shutil.which("nvdisasm") or os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/nvdisasm")
 with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
     f.write(k.asm["cubin"]); f.flush()
     sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True).stdout

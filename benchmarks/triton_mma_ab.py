@@ -1,11 +1,11 @@
-"""A/B (branch exp/triton-mma-joined, not merged): the triton mma path with one dot a field (F = 1, main's kernel)
-against one dot a chunk (F = 8 at 4 bits, this branch's Hopper default), F = 8 with x through a TMA descriptor
-above M = 64 (`KernelConfig.x_descriptor`), and bf16 cuBLAS, 4-bit g128 with zero points.
+"""A/B of the triton mma path's variants on the GPU: one dot a field (F = 1, sm_80's default), one dot a chunk
+(F = 8 at 4 bits, the Hopper default), F = 8 with x through a TMA descriptor above M = 64
+(`KernelConfig.x_descriptor`), and bf16 cuBLAS, 4-bit g128 with zero points.
 Per (dtype, shape, M): every mma candidate config of the tuner (plus deeper pipelines above M = 64, and 256-row
 tiles from M = 256) at both F, each checked
 against the dequant path (outputs NaN-poisoned first) and timed once; then 3 interleaved rounds of cublas / best F=1 /
 best F=8 (CUDA-graph replay over weight copies > 4x L2; half a second of settling first at M >= 256), medians.
-    python3 exp/ab_fields_per_dot.py [shapes] [ms] [dtypes]"""
+    python3 benchmarks/triton_mma_ab.py [shapes] [ms] [dtypes]"""
 import dataclasses
 import math
 import statistics
@@ -48,7 +48,8 @@ def label(c):
 def main():
     shapes = sys.argv[1].split(",") if len(sys.argv) > 1 else list(SHAPES)
     ms = [int(v) for v in sys.argv[2].split(",")] if len(sys.argv) > 2 else [16, 64, 128, 256, 1024]
-    dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16}[d] for d in (sys.argv[3] if len(sys.argv) > 3 else "bf16").split(",")]
+    names = sys.argv[3] if len(sys.argv) > 3 else "bf16"
+    dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16}[d] for d in names.split(",")]
     print(f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, triton {__import__('triton').__version__}")
     for dtype in dtypes:
         for shape in shapes:
