@@ -574,10 +574,15 @@ _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.floa
 _TUNED: Dict[tuple, KernelConfig] = {}
 
 
+def _before_hopper(device: torch.device) -> bool:
+    """A CUDA GPU older than sm_90 (the CPU, under the interpreter, takes Hopper's paths)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9
+
+
 def default_fields_per_dot(bits: int, device: torch.device) -> int:
     """The mma path's fields a dot unless a config says: the whole chunk (its largest power of two at 3 bits) from
     sm_90 on, and under the interpreter; one below sm_90 (see `_mma_kernel`)."""
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
+    if _before_hopper(device):
         return 1
     return 1 << ((32 // bits).bit_length() - 1)
 
@@ -585,9 +590,7 @@ def default_fields_per_dot(bits: int, device: torch.device) -> int:
 def _x_descriptor(x: torch.Tensor, rows: int, block_m: int, fields: int, bits: int) -> Optional[TensorDescriptor]:
     """A TMA descriptor of x [M, K] with [block_m, rows] blocks, where the mma kernel can take one: not before
     sm_90, at one dot a chunk, with x 16-byte aligned; else None (the kernel then loads x itself)."""
-    if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 9:
-        return None
-    if fields != 32 // bits or x.data_ptr() % 16 or x.stride(0) * x.element_size() % 16:
+    if _before_hopper(x.device) or fields != 32 // bits or x.data_ptr() % 16 or x.stride(0) * x.element_size() % 16:
         return None
     return TensorDescriptor.from_tensor(x, [block_m, rows])
 
@@ -648,10 +651,9 @@ def candidate_configs(m: int, n: int, k: int, bits: int, device: torch.device) -
     else:
         # With x through TMA (sm_90+), 256-row tiles on 8 warps won on the 70B layers at M = 256 and 1024, and 2
         # stages let two 128 x 128 blocks share an SM (benchmarks/results/2026-12-01-triton-one-dot-a-chunk.md)
-        tma = not (device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9)
         shapes = [(block_m, 128, 4, 3, False), (128, 128, 8, 3, False), (64, 128, 4, 3, False),
                   (128, 256, 8, 3, False)]
-        if tma:
+        if not _before_hopper(device):
             shapes += [(128, 128, 4, 3, True), (128, 128, 8, 2, True)] + ([(256, 128, 8, 3, True)] if m >= 256 else [])
         for block_m, block_n, warps, stages, descriptor in shapes:
             tiles = -(-n // block_n) * -(-m // block_m)
@@ -788,7 +790,7 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scale_z
         descriptor = config.x_descriptor and _x_descriptor(x, chunk_rows(bits), config.block_m, fields, bits)
         if descriptor:
             args = (descriptor,) + args[1:]
-        hopper = x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] >= 9
+        hopper = x.device.type == "cuda" and not _before_hopper(x.device)  # (the interpreter runs no wgmma)
         _mma_kernel[grid](*args, m, n, k, x.stride(0), n, m * n, DOT_DTYPE=dot_dtype, X_DESCRIPTOR=bool(descriptor),
                           WAIT_FOR_WGMMAS=hopper and fields > 1,
                           DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32", PAIRS=pairs,
