@@ -39,6 +39,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from litquant.kernels.triton_kernel import WORDS_PER_CHUNK, _BF16_PAIR_ASM, _FP16_PAIR_ASM, _PAIR_CONSTRAINTS
 
 WORDS = gl.constexpr(WORDS_PER_CHUNK)  # int32 words a column a chunk
+# (renamed after triton 3.6, the GPU machine's; CI compiles with a later one)
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_block_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
 @gluon.jit
@@ -68,8 +71,8 @@ def _fetch(x_desc, words_desc, x_smem, words_smem, ready, c, m0, n0, N, chunks, 
     stage = c % STAGES
     exists = c < chunks
     mbarrier.expect(ready.index(stage), x_desc.block_type.nbytes + words_desc.block_type.nbytes, pred=exists)
-    tma.async_copy_global_to_shared(x_desc, [m0, c * ROWS], ready.index(stage), x_smem.index(stage), pred=exists)
-    tma.async_copy_global_to_shared(words_desc, [c * N + n0, 0], ready.index(stage), words_smem.index(stage),
+    _tma_load(x_desc, [m0, c * ROWS], ready.index(stage), x_smem.index(stage), pred=exists)
+    _tma_load(words_desc, [c * N + n0, 0], ready.index(stage), words_smem.index(stage),
                                     pred=exists)
 
 
@@ -98,7 +101,7 @@ def _chunk(acc, params, c, x_desc, words_desc, x_smem, words_smem, ready, scale_
         acc = warpgroup_mma(weights, x.slice(j * WORDS, WORDS, dim=1).permute((1, 0)), acc, is_async=True)
     # Only chunk c's wgmmas may still run: chunk c - 1's registers and stage are free.
     acc = warpgroup_mma_wait(num_outstanding=VALUES, deps=[acc])
-    gl.thread_barrier()  # both warpgroups are past chunk c - 1 before its stage is refilled
+    _block_barrier()  # both warpgroups are past chunk c - 1 before its stage is refilled
     _fetch(x_desc, words_desc, x_smem, words_smem, ready, c - 1 + STAGES, m0, n0, N, chunks, ROWS, STAGES)
     return acc, ahead
 
@@ -175,15 +178,15 @@ def launch(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, bia
     rows 16-byte aligned (see `triton_kernel._wgmma_supports`)."""
     m, k = x.shape
     chunks, n, _ = qweight.shape
-    rows = (32 // bits) * WORDS
+    rows = (32 // bits) * WORDS_PER_CHUNK
     dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
     x_desc = TensorDescriptor.from_tensor(x, [block_m, rows], gl.NVMMASharedLayout.get_default_for([block_m, rows],
                                                                                                     dtype))
-    words = qweight.view(chunks * n, WORDS)
-    words_desc = TensorDescriptor.from_tensor(words, [block_n, WORDS],
-                                              gl.NVMMASharedLayout.get_default_for([block_n, WORDS], gl.int32))
+    words = qweight.view(chunks * n, WORDS_PER_CHUNK)
+    words_desc = TensorDescriptor.from_tensor(words, [block_n, WORDS_PER_CHUNK],
+                                              gl.NVMMASharedLayout.get_default_for([block_n, WORDS_PER_CHUNK], gl.int32))
     # As many stages as fit the SM's shared memory, up to `stages` (2-bit chunks are 256 rows: 3 at 128 x 128).
-    stage_bytes = block_m * rows * x.element_size() + block_n * WORDS * 4
+    stage_bytes = block_m * rows * x.element_size() + block_n * WORDS_PER_CHUNK * 4
     shared = triton.runtime.driver.active.utils.get_device_properties(x.device.index)["max_shared_mem"]
     stages = max(2, min(stages, (shared - 1024) // stage_bytes))
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
