@@ -135,7 +135,7 @@ def _wgmma_kernel(x_desc, words_desc, scale_zero_ptr, bias_ptr, out_ptr, M, N, K
         mbarrier.init(ready.index(stage), count=1)
     fence_async_shared()
     chunks = gl.cdiv(K, ROWS)
-    for c in gl.static_range(STAGES):
+    for c in gl.static_range(STAGES - 1):  # chunk STAGES - 1 comes in chunk 0's `_chunk`, into the free stage
         _fetch(x_desc, words_desc, x_smem, words_smem, ready, c, m0, n0, N, chunks, ROWS, STAGES)
 
     offs_n = n0 + gl.arange(0, BLOCK_N, columns)
@@ -183,8 +183,8 @@ def launch(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, bia
     x_desc = TensorDescriptor.from_tensor(x, [block_m, rows], gl.NVMMASharedLayout.get_default_for([block_m, rows],
                                                                                                     dtype))
     words = qweight.view(chunks * n, WORDS_PER_CHUNK)
-    words_desc = TensorDescriptor.from_tensor(words, [block_n, WORDS_PER_CHUNK],
-                                              gl.NVMMASharedLayout.get_default_for([block_n, WORDS_PER_CHUNK], gl.int32))
+    words_layout = gl.NVMMASharedLayout.get_default_for([block_n, WORDS_PER_CHUNK], gl.int32)
+    words_desc = TensorDescriptor.from_tensor(words, [block_n, WORDS_PER_CHUNK], words_layout)
     # As many stages as fit the SM's shared memory, up to `stages` (2-bit chunks are 256 rows: 3 at 128 x 128).
     stage_bytes = block_m * rows * x.element_size() + block_n * WORDS_PER_CHUNK * 4
     shared = triton.runtime.driver.active.utils.get_device_properties(x.device.index)["max_shared_mem"]
