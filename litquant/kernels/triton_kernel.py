@@ -669,8 +669,13 @@ def candidate_configs(m: int, n: int, k: int, bits: int, device: torch.device) -
         if not _before_hopper(device):
             shapes += [(128, 128, 4, 3, True), (128, 128, 8, 2, True)] + ([(256, 128, 8, 3, True)] if m >= 256 else [])
         if _hopper(device) and bits in WGMMA_BITS:
-            configs += [KernelConfig("wgmma", block_n=128, block_m=block_m, num_warps=8, num_stages=stages)
-                        for block_m, stages in ((128, 4), (64, 4)) + (((256, 3),) if m >= 256 and bits == 4 else ())]
+            # One block an SM (two at 64 rows). Fewer tiles than SMs also run split over K, in the 1-4 runs that
+            # leave the fewest idle SMs in the last wave (7B-down at M = 256: 32 tiles of 256 x 128).
+            for block_m, stages in ((128, 4), (64, 4)) + (((256, 3),) if m >= 256 and bits == 4 else ()):
+                tiles, slots = -(-m // block_m) * -(-n // 128), sms * (2 if block_m == 64 else 1)
+                split = min(range(1, 5), key=lambda s: (-(-tiles * s // slots) / s, s)) if tiles <= sms else 1
+                configs += [KernelConfig("wgmma", block_n=128, block_m=block_m, split_k=s, num_warps=8,
+                                         num_stages=stages) for s in sorted({1, split})]
         for block_m, block_n, warps, stages, descriptor in shapes:
             tiles = -(-n // block_n) * -(-m // block_m)
             split = 1 if tiles >= sms else splits(tiles)[0]
@@ -775,21 +780,14 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scale_z
         if bias is not None:
             out += bias
         return
-    if config.path == "wgmma":
-        if not _wgmma_supports(x, bits, group_size):
-            raise ValueError(f"the wgmma path takes sm_90, {' or '.join(map(str, WGMMA_BITS))}-bit codes, groups of whole chunks and K a "
-                             f"multiple of 8; got {bits} bits, group {group_size}, K={k} on {x.device}")
-        from litquant.kernels import triton_wgmma  # Gluon: imported where it runs
-        if perm is not None:
-            x = x.index_select(1, perm)
-        elif x.data_ptr() % 16 or x.stride(0) * x.element_size() % 16:  # the TMA descriptor's alignment
-            x = x.clone(memory_format=torch.contiguous_format)
-        triton_wgmma.launch(x, qweight, scale_zero, bias, out, bits, group_size, config.block_m, config.block_n,
-                            config.num_warps, config.num_stages)
-        return
-    if perm is not None and (m > PERMUTE_X_ABOVE_M or config.x_descriptor):
+    if config.path == "wgmma" and not _wgmma_supports(x, bits, group_size):
+        raise ValueError(f"the wgmma path takes sm_90, {' or '.join(map(str, WGMMA_BITS))}-bit codes, groups of "
+                         f"whole chunks and K a multiple of 8; got {bits} bits, group {group_size}, K={k} on "
+                         f"{x.device}")
+    if perm is not None and (m > PERMUTE_X_ABOVE_M or config.x_descriptor or config.path == "wgmma"):
         x, perm = x.index_select(1, perm), None
     # The mma kernel's loop assumes a non-empty run of chunks (see its docstring): at most one split a chunk.
+    # (The wgmma kernel's needs none, but no more splits than chunks are worth running either.)
     split = config.split_k if config.path == "gemv" else min(config.split_k, -(-k // chunk_rows(bits)))
     final = split == 1
     partials = out if final else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
@@ -807,6 +805,12 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scale_z
     if config.path == "gemv":
         _gemv_kernel[grid](*args, m, n, k, x.stride(0), n, m * n, X_EXPONENT=X_EXPONENT,
                            NUM_STAGES=config.num_stages, BLOCK_M=config.block_m, EVEN=even, **flags)
+    elif config.path == "wgmma":
+        from litquant.kernels import triton_wgmma  # Gluon: imported where it runs
+        if x.data_ptr() % 16 or x.stride(0) * x.element_size() % 16:  # its TMA descriptor's alignment
+            x = x.clone(memory_format=torch.contiguous_format)
+        triton_wgmma.launch(x, qweight, scale_zero, bias, out, partials, locks, split, bits, group_size,
+                            config.block_m, config.block_n, config.num_warps, config.num_stages)
     else:
         fields = config.fields_per_dot or default_fields_per_dot(bits, x.device)
         if fields & (fields - 1) or not 1 <= fields <= 32 // bits:

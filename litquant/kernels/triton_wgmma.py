@@ -65,33 +65,35 @@ def _field(words, j: gl.constexpr, BITS: gl.constexpr, s, minus_b, DOT_DTYPE: gl
 
 
 @gluon.jit
-def _fetch(x_desc, words_desc, x_smem, words_smem, ready, c, m0, n0, N, chunks, ROWS: gl.constexpr,
+def _fetch(x_desc, words_desc, x_smem, words_smem, ready, i, first, count, m0, n0, N, ROWS: gl.constexpr,
            STAGES: gl.constexpr):
-    """Start the TMA copies of chunk c (if it exists) into its stage."""
-    stage = c % STAGES
-    exists = c < chunks
+    """Start the TMA copies of this program's i-th chunk (chunk first + i, if i < count) into its stage."""
+    stage = i % STAGES
+    exists = i < count
     mbarrier.expect(ready.index(stage), x_desc.block_type.nbytes + words_desc.block_type.nbytes, pred=exists)
-    _tma_load(x_desc, [m0, c * ROWS], ready.index(stage), x_smem.index(stage), pred=exists)
-    _tma_load(words_desc, [c * N + n0, 0], ready.index(stage), words_smem.index(stage),
-                                    pred=exists)
+    _tma_load(x_desc, [m0, (first + i) * ROWS], ready.index(stage), x_smem.index(stage), pred=exists)
+    _tma_load(words_desc, [(first + i) * N + n0, 0], ready.index(stage), words_smem.index(stage), pred=exists)
 
 
 @gluon.jit
-def _group_params(scale_zero_ptr, c, offs_n, n_mask, N, chunks, ROWS: gl.constexpr, GROUP_SIZE: gl.constexpr):
-    """The packed scale and zero point (`repack`) of chunk c's group for columns offs_n (zeros past the chunks)."""
-    return gl.load(scale_zero_ptr + (c * ROWS // GROUP_SIZE) * N + offs_n, mask=n_mask & (c < chunks), other=0)
+def _group_params(scale_zero_ptr, i, first, count, offs_n, n_mask, N, ROWS: gl.constexpr, GROUP_SIZE: gl.constexpr):
+    """The packed scale and zero point (`repack`) of the i-th chunk's group for columns offs_n (zeros past them)."""
+    return gl.load(scale_zero_ptr + ((first + i) * ROWS // GROUP_SIZE) * N + offs_n, mask=n_mask & (i < count),
+                   other=0)
 
 
 @gluon.jit
-def _chunk(acc, params, c, x_desc, words_desc, x_smem, words_smem, ready, scale_zero_ptr, m0, n0, offs_n, n_mask,
-           N, chunks, BITS: gl.constexpr, GROUP_SIZE: gl.constexpr, DOT_DTYPE: gl.constexpr, STAGES: gl.constexpr):
-    """acc += W_c x_c^T for chunk c, its wgmmas left in flight; returns acc and chunk c + 2's group parameters."""
+def _chunk(acc, params, i, first, count, x_desc, words_desc, x_smem, words_smem, ready, scale_zero_ptr, m0, n0,
+           offs_n, n_mask, N, BITS: gl.constexpr, GROUP_SIZE: gl.constexpr, DOT_DTYPE: gl.constexpr,
+           STAGES: gl.constexpr):
+    """acc += W_c x_c^T for the program's i-th chunk c, its wgmmas left in flight; returns acc and the group
+    parameters of its (i + 2)-th."""
     VALUES: gl.constexpr = 32 // BITS
     ROWS: gl.constexpr = VALUES * WORDS
     MAGIC: gl.constexpr = 128 if DOT_DTYPE == gl.bfloat16 else 1024
-    stage = c % STAGES
-    ahead = _group_params(scale_zero_ptr, c + 2, offs_n, n_mask, N, chunks, ROWS, GROUP_SIZE)
-    mbarrier.wait(ready.index(stage), (c // STAGES) & 1)
+    stage = i % STAGES
+    ahead = _group_params(scale_zero_ptr, i + 2, first, count, offs_n, n_mask, N, ROWS, GROUP_SIZE)
+    mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
     words = words_smem.index(stage).load(params.type.layout.parent)
     s = gl.broadcast((params.to(gl.int16).to(gl.float16, bitcast=True).to(DOT_DTYPE))[:, None], words)[0]
     minus_b = gl.broadcast((-MAGIC - (params >> 16)).to(DOT_DTYPE)[:, None], words)[0]
@@ -99,18 +101,20 @@ def _chunk(acc, params, c, x_desc, words_desc, x_smem, words_smem, ready, scale_
     for j in gl.static_range(VALUES):
         weights = _field(words, j, BITS, s, minus_b, DOT_DTYPE)
         acc = warpgroup_mma(weights, x.slice(j * WORDS, WORDS, dim=1).permute((1, 0)), acc, is_async=True)
-    # Only chunk c's wgmmas may still run: chunk c - 1's registers and stage are free.
+    # Only this chunk's wgmmas may still run: the previous one's registers and stage are free.
     acc = warpgroup_mma_wait(num_outstanding=VALUES, deps=[acc])
-    _block_barrier()  # both warpgroups are past chunk c - 1 before its stage is refilled
-    _fetch(x_desc, words_desc, x_smem, words_smem, ready, c - 1 + STAGES, m0, n0, N, chunks, ROWS, STAGES)
+    _block_barrier()  # both warpgroups are past the previous chunk before its stage is refilled
+    _fetch(x_desc, words_desc, x_smem, words_smem, ready, i - 1 + STAGES, first, count, m0, n0, N, ROWS, STAGES)
     return acc, ahead
 
 
 @gluon.jit
-def _wgmma_kernel(x_desc, words_desc, scale_zero_ptr, bias_ptr, out_ptr, M, N, K, stride_om,
-                  GROUP_SIZE: gl.constexpr, BITS: gl.constexpr, HAS_BIAS: gl.constexpr, DOT_DTYPE: gl.constexpr,
-                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
-    """out[M, N] = x @ W^T (+ bias) for one [BLOCK_M, BLOCK_N] tile, all of K (see the module docstring)."""
+def _wgmma_kernel(x_desc, words_desc, scale_zero_ptr, bias_ptr, out_ptr, partials_ptr, locks_ptr, M, N, K,
+                  stride_om, stride_split, GROUP_SIZE: gl.constexpr, BITS: gl.constexpr, HAS_BIAS: gl.constexpr,
+                  FINAL: gl.constexpr, DOT_DTYPE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+    """out[M, N] = x @ W^T (+ bias) for one [BLOCK_M, BLOCK_N] tile and the program_id(1)-th of num_programs(1)
+    runs of K's chunks (see the module docstring; split-K as in `triton_kernel._write_result`)."""
     ROWS: gl.constexpr = (32 // BITS) * WORDS
     WARPS: gl.constexpr = gl.num_warps()
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -135,25 +139,27 @@ def _wgmma_kernel(x_desc, words_desc, scale_zero_ptr, bias_ptr, out_ptr, M, N, K
         mbarrier.init(ready.index(stage), count=1)
     fence_async_shared()
     chunks = gl.cdiv(K, ROWS)
-    for c in gl.static_range(STAGES - 1):  # chunk STAGES - 1 comes in chunk 0's `_chunk`, into the free stage
-        _fetch(x_desc, words_desc, x_smem, words_smem, ready, c, m0, n0, N, chunks, ROWS, STAGES)
+    first = gl.program_id(1) * chunks // gl.num_programs(1)
+    count = (gl.program_id(1) + 1) * chunks // gl.num_programs(1) - first
+    for i in gl.static_range(STAGES - 1):  # chunk STAGES - 1 comes in chunk 0's `_chunk`, into the free stage
+        _fetch(x_desc, words_desc, x_smem, words_smem, ready, i, first, count, m0, n0, N, ROWS, STAGES)
 
     offs_n = n0 + gl.arange(0, BLOCK_N, columns)
     n_mask = offs_n < N
-    params_even = _group_params(scale_zero_ptr, 0, offs_n, n_mask, N, chunks, ROWS, GROUP_SIZE)
-    params_odd = _group_params(scale_zero_ptr, 1, offs_n, n_mask, N, chunks, ROWS, GROUP_SIZE)
+    params_even = _group_params(scale_zero_ptr, 0, first, count, offs_n, n_mask, N, ROWS, GROUP_SIZE)
+    params_odd = _group_params(scale_zero_ptr, 1, first, count, offs_n, n_mask, N, ROWS, GROUP_SIZE)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
     # Two chunks a trip: the even chunk's weights and the odd chunk's are distinct registers (see the docstring).
-    for c in range(0, chunks - 1, 2):
-        acc, params_even = _chunk(acc, params_even, c, x_desc, words_desc, x_smem, words_smem, ready,
-                                  scale_zero_ptr, m0, n0, offs_n, n_mask, N, chunks, BITS, GROUP_SIZE, DOT_DTYPE,
+    for i in range(0, count - 1, 2):
+        acc, params_even = _chunk(acc, params_even, i, first, count, x_desc, words_desc, x_smem, words_smem,
+                                  ready, scale_zero_ptr, m0, n0, offs_n, n_mask, N, BITS, GROUP_SIZE, DOT_DTYPE,
                                   STAGES)
-        acc, params_odd = _chunk(acc, params_odd, c + 1, x_desc, words_desc, x_smem, words_smem, ready,
-                                 scale_zero_ptr, m0, n0, offs_n, n_mask, N, chunks, BITS, GROUP_SIZE, DOT_DTYPE,
+        acc, params_odd = _chunk(acc, params_odd, i + 1, first, count, x_desc, words_desc, x_smem, words_smem,
+                                 ready, scale_zero_ptr, m0, n0, offs_n, n_mask, N, BITS, GROUP_SIZE, DOT_DTYPE,
                                  STAGES)
-    if chunks % 2:
-        acc, params_even = _chunk(acc, params_even, chunks - 1, x_desc, words_desc, x_smem, words_smem, ready,
-                                  scale_zero_ptr, m0, n0, offs_n, n_mask, N, chunks, BITS, GROUP_SIZE, DOT_DTYPE,
+    if count % 2:
+        acc, params_even = _chunk(acc, params_even, count - 1, first, count, x_desc, words_desc, x_smem, words_smem,
+                                  ready, scale_zero_ptr, m0, n0, offs_n, n_mask, N, BITS, GROUP_SIZE, DOT_DTYPE,
                                   STAGES)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     for stage in gl.static_range(STAGES):
@@ -166,31 +172,50 @@ def _wgmma_kernel(x_desc, words_desc, scale_zero_ptr, bias_ptr, out_ptr, M, N, K
     rows_n = n0 + gl.arange(0, BLOCK_N, gl.SliceLayout(1, store_layout))
     rows_m = m0 + gl.arange(0, BLOCK_M, gl.SliceLayout(0, store_layout))
     mask = (rows_n < N)[:, None] & (rows_m < M)[None, :]
+    offsets = rows_m[None, :] * stride_om + rows_n[:, None]
+    if FINAL:
+        _store_tile(total, bias_ptr, out_ptr, offsets, rows_n, N, mask, HAS_BIAS)
+    else:  # this split's partial sum; the last split of the tile to arrive adds them up in order
+        gl.store(partials_ptr + gl.program_id(1) * stride_split + offsets, total, mask=mask)
+        _block_barrier()
+        if gl.atomic_add(locks_ptr + pid, 1, sem="acq_rel", scope="gpu") == gl.num_programs(1) - 1:
+            total = gl.load(partials_ptr + offsets, mask=mask, other=0.0, cache_modifier=".cg")
+            for split in range(1, gl.num_programs(1)):
+                total += gl.load(partials_ptr + split * stride_split + offsets, mask=mask, other=0.0,
+                                 cache_modifier=".cg")
+            _store_tile(total, bias_ptr, out_ptr, offsets, rows_n, N, mask, HAS_BIAS)
+            gl.atomic_xchg(locks_ptr + pid, 0)
+
+
+@gluon.jit
+def _store_tile(total, bias_ptr, out_ptr, offsets, rows_n, N, mask, HAS_BIAS: gl.constexpr):
+    """out[offsets] = total (+ bias[rows_n]) in out's dtype."""
     if HAS_BIAS:
         total += gl.load(bias_ptr + rows_n, mask=rows_n < N, other=0.0).to(gl.float32)[:, None]
-    gl.store(out_ptr + rows_m[None, :] * stride_om + rows_n[:, None], total.to(out_ptr.dtype.element_ty), mask=mask)
+    gl.store(out_ptr + offsets, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def launch(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, bias: Optional[torch.Tensor],
-           out: torch.Tensor, bits: int, group_size: int, block_m: int, block_n: int, num_warps: int,
-           stages: int) -> None:
-    """Write x @ W^T (+ bias) into out [M, N] (contiguous); x [M, K] already in the weight's sorted row order, its
-    rows 16-byte aligned (see `triton_kernel._wgmma_supports`)."""
+           out: torch.Tensor, partials: torch.Tensor, locks: torch.Tensor, split: int, bits: int, group_size: int,
+           block_m: int, block_n: int, num_warps: int, stages: int) -> None:
+    """Write x @ W^T (+ bias) into out [M, N] (contiguous) over `split` runs of K's chunks (fp32 `partials`
+    [split, M, N] and one zeroed `locks` counter a tile when split > 1); x [M, K] is in the weight's sorted row
+    order, its rows 16-byte aligned (see `triton_kernel._wgmma_supports`)."""
     m, k = x.shape
     chunks, n, _ = qweight.shape
     rows = (32 // bits) * WORDS_PER_CHUNK
     dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
-    x_desc = TensorDescriptor.from_tensor(x, [block_m, rows], gl.NVMMASharedLayout.get_default_for([block_m, rows],
-                                                                                                    dtype))
-    words = qweight.view(chunks * n, WORDS_PER_CHUNK)
+    x_layout = gl.NVMMASharedLayout.get_default_for([block_m, rows], dtype)
+    x_desc = TensorDescriptor.from_tensor(x, [block_m, rows], x_layout)
     words_layout = gl.NVMMASharedLayout.get_default_for([block_n, WORDS_PER_CHUNK], gl.int32)
-    words_desc = TensorDescriptor.from_tensor(words, [block_n, WORDS_PER_CHUNK], words_layout)
+    words_desc = TensorDescriptor.from_tensor(qweight.view(chunks * n, WORDS_PER_CHUNK), [block_n, WORDS_PER_CHUNK],
+                                              words_layout)
     # As many stages as fit the SM's shared memory, up to `stages` (2-bit chunks are 256 rows: 3 at 128 x 128).
     stage_bytes = block_m * rows * x.element_size() + block_n * WORDS_PER_CHUNK * 4
     shared = triton.runtime.driver.active.utils.get_device_properties(x.device.index)["max_shared_mem"]
     stages = max(2, min(stages, (shared - 1024) // stage_bytes))
-    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
-    _wgmma_kernel[grid](x_desc, words_desc, scale_zero, bias, out, m, n, k, out.stride(0),
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), split)
+    _wgmma_kernel[grid](x_desc, words_desc, scale_zero, bias, out, partials, locks, m, n, k, out.stride(0), m * n,
                         GROUP_SIZE=1 << 30 if group_size == -1 else group_size, BITS=bits, HAS_BIAS=bias is not None,
-                        DOT_DTYPE=dtype, BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8, STAGES=stages,
-                        num_warps=num_warps)
+                        FINAL=split == 1, DOT_DTYPE=dtype, BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8,
+                        STAGES=stages, num_warps=num_warps)
