@@ -289,6 +289,7 @@ GPU_PATHS = {
                                          x_descriptor=True), (333, 4096)),
     "dequant": (tk.KernelConfig("dequant"), (333, 4096)),
     "wgmma": (tk.KernelConfig("wgmma", block_n=128, block_m=128, num_warps=8, num_stages=4), (333, 4096)),
+    "wgmma-split": (tk.KernelConfig("wgmma", block_n=128, block_m=256, split_k=3, num_warps=8, num_stages=3), (333,)),
 }
 
 
@@ -311,7 +312,7 @@ def test_real_shapes_gpu(shape, path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", [path for path in GPU_PATHS if path != "wgmma"])  # (2 and 4 bits only)
+@pytest.mark.parametrize("path", [path for path in GPU_PATHS if "wgmma" not in path])  # (2 and 4 bits only)
 def test_3bit_real_shape_gpu(path):
     """3-bit codes, ten to a word (160-row chunks, in which no quantization group ends evenly)."""
     config, ms = GPU_PATHS[path]
@@ -337,15 +338,17 @@ WGMMA_CASES = {  # name: (in_features, out_features, bits, group_size, act_order
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="the wgmma path is for sm_90")
-@pytest.mark.parametrize("tile", [(128, 4), (64, 4), (256, 3)], ids=lambda t: f"{t[0]}rows-{t[1]}stages")
+@pytest.mark.parametrize("tile", [(128, 4, 1), (64, 4, 1), (256, 3, 1), (128, 4, 3)],
+                         ids=lambda t: f"{t[0]}rows-{t[1]}stages-{t[2]}splits")
 @pytest.mark.parametrize("case", WGMMA_CASES)
 def test_wgmma_path_gpu(case, tile):
-    """The Gluon wgmma path at the shapes and formats it takes, both dtypes, a bias, and an x whose rows are not
-    16-byte aligned (the launch copies it for the TMA descriptor)."""
+    """The Gluon wgmma path at the shapes and formats it takes, both dtypes, split over K or not, a bias, and an x
+    whose rows are not 16-byte aligned (the launch copies it for the TMA descriptor)."""
     k, n, bits, group_size, act_order, zero_point = WGMMA_CASES[case]
     if bits == 2 and tile[0] == 256:
         pytest.skip("two stages of 256 x 256 bf16 x do not fit an SM's shared memory (not a candidate at 2 bits)")
-    config = tk.KernelConfig("wgmma", block_n=128, block_m=tile[0], num_warps=8, num_stages=tile[1])
+    config = tk.KernelConfig("wgmma", block_n=128, block_m=tile[0], split_k=tile[2], num_warps=8,
+                             num_stages=tile[1])
     qw = random_quantized(k, n, bits, group_size, act_order, zero_point, device=torch.device("cuda"))
     check_against_references(qw, config, torch.bfloat16, ms=(65, 333))
     check_against_references(qw, config, torch.float16, ms=(256,))
