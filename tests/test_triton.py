@@ -288,6 +288,8 @@ GPU_PATHS = {
     "mma-x-descriptor": (tk.KernelConfig("mma", block_n=128, block_m=128, num_warps=8, num_stages=2,
                                          x_descriptor=True), (333, 4096)),
     "dequant": (tk.KernelConfig("dequant"), (333, 4096)),
+    "wgmma": (tk.KernelConfig("wgmma", block_n=128, block_m=128, num_warps=8, num_stages=4), (333, 4096)),
+    "wgmma-split": (tk.KernelConfig("wgmma", block_n=128, block_m=256, split_k=3, num_warps=8, num_stages=3), (333,)),
 }
 
 
@@ -310,7 +312,7 @@ def test_real_shapes_gpu(shape, path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", GPU_PATHS)
+@pytest.mark.parametrize("path", [path for path in GPU_PATHS if "wgmma" not in path])  # (2 and 4 bits only)
 def test_3bit_real_shape_gpu(path):
     """3-bit codes, ten to a word (160-row chunks, in which no quantization group ends evenly)."""
     config, ms = GPU_PATHS[path]
@@ -323,6 +325,49 @@ def test_3bit_real_shape_gpu(path):
         tk.quant_matmul(x, packed, out=out, config=config)
         assert torch.isfinite(out).all()
         assert relative_error(out, x.float() @ weight.t()) <= TOLERANCE[torch.bfloat16], f"M={m}"
+
+
+WGMMA_CASES = {  # name: (in_features, out_features, bits, group_size, act_order, zero_point)
+    "g128-act": (4096, 1000, 4, 128, True, True),  # x permuted first; N not a multiple of the tile
+    "gall-odd-chunks": (33 * 128, 1000, 4, -1, False, True),  # an odd number of chunks (the loop's last one alone)
+    "g256-sym": (4096, 1088, 4, 256, False, False),  # a group of two chunks
+    "2bit-g256": (4096, 1000, 2, 256, True, True),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the wgmma path is for sm_90")
+@pytest.mark.parametrize("tile", [(128, 4, 1), (64, 4, 1), (256, 3, 1), (128, 4, 3)],
+                         ids=lambda t: f"{t[0]}rows-{t[1]}stages-{t[2]}splits")
+@pytest.mark.parametrize("case", WGMMA_CASES)
+def test_wgmma_path_gpu(case, tile):
+    """The Gluon wgmma path at the shapes and formats it takes, both dtypes, split over K or not, a bias, and an x
+    whose rows are not 16-byte aligned (the launch copies it for the TMA descriptor)."""
+    k, n, bits, group_size, act_order, zero_point = WGMMA_CASES[case]
+    if bits == 2 and tile[0] == 256:
+        pytest.skip("two stages of 256 x 256 bf16 x do not fit an SM's shared memory (not a candidate at 2 bits)")
+    config = tk.KernelConfig("wgmma", block_n=128, block_m=tile[0], split_k=tile[2], num_warps=8,
+                             num_stages=tile[1])
+    qw = random_quantized(k, n, bits, group_size, act_order, zero_point, device=torch.device("cuda"))
+    check_against_references(qw, config, torch.bfloat16, ms=(65, 333))
+    check_against_references(qw, config, torch.float16, ms=(256,))
+    packed = tk.repack(qw)
+    x = torch.randn(300, k + 1, device="cuda", dtype=torch.float16)[:, 1:]
+    bias = torch.randn(n, device="cuda", dtype=torch.float16)
+    out = tk.quant_matmul(x, packed, bias=bias, config=config)
+    exact = x.double() @ qw.dequantize(torch.float64).t() + bias.double()
+    assert relative_error(out, exact) <= TOLERANCE[torch.float16]
+
+
+@pytest.mark.gpu
+def test_wgmma_path_refuses_what_it_cannot_take_gpu():
+    config = tk.KernelConfig("wgmma", block_n=128, block_m=128, num_warps=8, num_stages=4)
+    for bits, group_size in ((3, 128), (4, 64), (8, 128)):
+        packed = tk.repack(random_quantized(512, 256, bits, group_size, False, True, device=torch.device("cuda")))
+        x = torch.randn(128, 512, device="cuda", dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="the wgmma path takes sm_90, 2 or 4-bit codes"):
+            tk.quant_matmul(x, packed, config=config)
 
 
 @pytest.mark.gpu

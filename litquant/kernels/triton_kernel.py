@@ -555,7 +555,7 @@ def _dequant_kernel(qweight_ptr, scale_zero_ptr, w_ptr, N, K,
 class KernelConfig:
     """One way to run the matmul: the path and its tile sizes."""
 
-    path: str  # "gemv", "mma" or "dequant"
+    path: str  # "gemv", "mma", "wgmma" (Hopper, `triton_wgmma`) or "dequant"
     block_n: int = 128
     block_m: int = 16
     split_k: int = 1
@@ -570,6 +570,7 @@ TUNING_ROUNDS = 2
 TUNING_CALLS = 8  # calls per timed graph replay, at least
 TUNING_MAX_COPIES = 64  # of the weight while tuning (a layer that small is latency bound anyway)
 DEQUANT_MIN_M = 256
+WGMMA_BITS = (2, 4)  # the wgmma path's: fields a power of two, codes that fit bf16's mantissa
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 _TUNED: Dict[tuple, KernelConfig] = {}
 
@@ -577,6 +578,11 @@ _TUNED: Dict[tuple, KernelConfig] = {}
 def _before_hopper(device: torch.device) -> bool:
     """A CUDA GPU older than sm_90 (the CPU, under the interpreter, takes Hopper's paths)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9
+
+
+def _hopper(device: torch.device) -> bool:
+    """An sm_90 GPU, the one the wgmma path (Gluon, `triton_wgmma`) is written for."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
 def default_fields_per_dot(bits: int, device: torch.device) -> int:
@@ -593,6 +599,13 @@ def _x_descriptor(x: torch.Tensor, rows: int, block_m: int, fields: int, bits: i
     if _before_hopper(x.device) or fields != 32 // bits or x.data_ptr() % 16 or x.stride(0) * x.element_size() % 16:
         return None
     return TensorDescriptor.from_tensor(x, [block_m, rows])
+
+
+def _wgmma_supports(x: torch.Tensor, bits: int, group_size: int) -> bool:
+    """Whether the wgmma path can take this call: sm_90, 16-bit x with K a multiple of 8 (its rows 16-byte aligned
+    for the TMA descriptor; the launch copies a misaligned x), WGMMA_BITS, groups of whole chunks or none."""
+    return (_hopper(x.device) and x.dtype in (torch.float16, torch.bfloat16) and x.shape[1] % 8 == 0
+            and bits in WGMMA_BITS and (group_size == -1 or group_size % chunk_rows(bits) == 0))
 
 
 def _sm_count(device: torch.device) -> int:
@@ -655,6 +668,14 @@ def candidate_configs(m: int, n: int, k: int, bits: int, device: torch.device) -
                   (128, 256, 8, 3, False)]
         if not _before_hopper(device):
             shapes += [(128, 128, 4, 3, True), (128, 128, 8, 2, True)] + ([(256, 128, 8, 3, True)] if m >= 256 else [])
+        if _hopper(device) and bits in WGMMA_BITS:
+            # One block an SM (two at 64 rows). Fewer tiles than SMs also run split over K, in the 1-4 runs that
+            # leave the fewest idle SMs in the last wave (7B-down at M = 256: 32 tiles of 256 x 128).
+            for block_m, stages in ((128, 4), (64, 4)) + (((256, 3),) if m >= 256 and bits == 4 else ()):
+                tiles, slots = -(-m // block_m) * -(-n // 128), sms * (2 if block_m == 64 else 1)
+                split = min(range(1, 5), key=lambda s: (-(-tiles * s // slots) / s, s)) if tiles <= sms else 1
+                configs += [KernelConfig("wgmma", block_n=128, block_m=block_m, split_k=s, num_warps=8,
+                                         num_stages=stages) for s in sorted({1, split})]
         for block_m, block_n, warps, stages, descriptor in shapes:
             tiles = -(-n // block_n) * -(-m // block_m)
             split = 1 if tiles >= sms else splits(tiles)[0]
@@ -696,7 +717,8 @@ def choose_config(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tens
     key = (x.device, x.dtype, m_bucket(m), n, k, bits, group_size, perm is not None)
     if key in _TUNED:
         return _TUNED[key]
-    candidates = candidate_configs(m, n, k, bits, x.device)
+    candidates = [c for c in candidate_configs(m, n, k, bits, x.device)
+                  if c.path != "wgmma" or _wgmma_supports(x, bits, group_size)]
     if INTERPRET or x.device.type != "cuda" or torch.cuda.is_current_stream_capturing() or len(candidates) == 1:
         return candidates[0]
     runs = []
@@ -758,9 +780,14 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scale_z
         if bias is not None:
             out += bias
         return
-    if perm is not None and (m > PERMUTE_X_ABOVE_M or config.x_descriptor):
+    if config.path == "wgmma" and not _wgmma_supports(x, bits, group_size):
+        raise ValueError(f"the wgmma path takes sm_90, {' or '.join(map(str, WGMMA_BITS))}-bit codes, groups of "
+                         f"whole chunks and K a multiple of 8; got {bits} bits, group {group_size}, K={k} on "
+                         f"{x.device}")
+    if perm is not None and (m > PERMUTE_X_ABOVE_M or config.x_descriptor or config.path == "wgmma"):
         x, perm = x.index_select(1, perm), None
     # The mma kernel's loop assumes a non-empty run of chunks (see its docstring): at most one split a chunk.
+    # (The wgmma kernel's needs none, but no more splits than chunks are worth running either.)
     split = config.split_k if config.path == "gemv" else min(config.split_k, -(-k // chunk_rows(bits)))
     final = split == 1
     partials = out if final else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
@@ -778,6 +805,12 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scale_z
     if config.path == "gemv":
         _gemv_kernel[grid](*args, m, n, k, x.stride(0), n, m * n, X_EXPONENT=X_EXPONENT,
                            NUM_STAGES=config.num_stages, BLOCK_M=config.block_m, EVEN=even, **flags)
+    elif config.path == "wgmma":
+        from litquant.kernels import triton_wgmma  # Gluon: imported where it runs
+        if x.data_ptr() % 16 or x.stride(0) * x.element_size() % 16:  # its TMA descriptor's alignment
+            x = x.clone(memory_format=torch.contiguous_format)
+        triton_wgmma.launch(x, qweight, scale_zero, bias, out, partials, locks, split, bits, group_size,
+                            config.block_m, config.block_n, config.num_warps, config.num_stages)
     else:
         fields = config.fields_per_dot or default_fields_per_dot(bits, x.device)
         if fields & (fields - 1) or not 1 <= fields <= 32 // bits:
