@@ -1,10 +1,13 @@
-"""Compile-check litquant's Triton kernels for sm_80 and sm_90 on a machine without a GPU.
+"""Compile-check litquant's Triton kernels for sm_80 and sm_90, and the Gluon wgmma kernel for sm_90, on a machine
+without a GPU.
 
 CI runs the kernels under Triton's interpreter, which does not compile them: a kernel that the interpreter runs may
 still fail to compile for a GPU (a type the compiler rejects, a layout it cannot lower). This script records the
 kernel launches that `litquant.kernels.triton_kernel.launch` makes for every path (gemv, mma, dequant), bit width,
 activation dtype, zero points or not, act_order or not and every candidate config of a few M, without running them,
-and compiles a covering subset of them (`covering`) for both GPUs with Triton's own compiler.
+and compiles a covering subset of them (`covering`) for both GPUs with Triton's own compiler. The Gluon kernel of the
+wgmma path (`litquant.kernels.triton_wgmma`, sm_90 only, which the interpreter cannot run) is compiled at each of its
+tile shapes, bit widths, dtypes, with and without split-K and a bias (`wgmma_variants`).
 
     python scripts/check_triton.py
 """
@@ -112,6 +115,42 @@ def covering(launches):
     return chosen
 
 
+def wgmma_variants():
+    """(source, num_warps) of the Gluon wgmma kernel for every tile shape the tuner offers, at 2 and 4 bits, both
+    dtypes; split-K, a bias and no groups on some, so that each choice is compiled at least once."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from litquant.kernels import triton_wgmma
+
+    kernel = triton_wgmma._wgmma_kernel
+    pointers = ("scale_zero_ptr", "out_ptr", "partials_ptr", "locks_ptr")
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]]
+             for name in pointers + ("N", "K", "stride_om", "stride_split")}
+    variants = []
+    for bits, dtype, block_m, stages, final, bias, group in (
+            (4, "bf16", 128, 4, True, False, 128), (4, "fp16", 64, 4, False, True, -1),
+            (4, "bf16", 256, 3, False, False, 256), (2, "fp16", 128, 3, True, True, 256),
+            (2, "bf16", 64, 4, False, False, -1)):
+        rows = 32 // bits * tk.WORDS_PER_CHUNK
+        element = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+        x_layout = gl.NVMMASharedLayout.get_default_for([block_m, rows], element)
+        words_layout = gl.NVMMASharedLayout.get_default_for([128, tk.WORDS_PER_CHUNK], gl.int32)
+        signature = {"x_desc": f"tensordesc<{dtype}[{block_m}, {rows}],{x_layout!r}>",
+                     "words_desc": f"tensordesc<i32[128, {tk.WORDS_PER_CHUNK}],{words_layout!r}>",
+                     "scale_zero_ptr": "*i32", "bias_ptr": f"*{dtype}" if bias else "constexpr",
+                     "out_ptr": f"*{dtype}", "partials_ptr": "*fp32", "locks_ptr": "*i32", "M": "i32", "N": "i32",
+                     "K": "i32", "stride_om": "i32", "stride_split": "i32", "first_tile": "i32"}
+        constexprs = dict(GROUP_SIZE=tk.NO_GROUP if group == -1 else group, BITS=bits, HAS_BIAS=bias, FINAL=final,
+                          DOT_DTYPE=element, BLOCK_M=block_m, BLOCK_N=128, GROUP_M=8, STAGES=stages)
+        signature.update({name: "constexpr" for name in constexprs})
+        if not bias:
+            constexprs["bias_ptr"] = None
+        variants.append((GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs), 8,
+                         f"bits={bits} {dtype} {block_m}x128 stages={stages} final={final} bias={bias} group={group}"))
+    return variants
+
+
 def main() -> int:
     start = time.time()
     recorded = record_launches()
@@ -127,8 +166,15 @@ def main() -> int:
                 shown = {name: value for name, value in constexprs.items() if value is not None}
                 print(f"FAILED {kernel.fn.__name__} sm_{target.arch} warps={num_warps} stages={num_stages} "
                       f"{shown}: {type(e).__name__}: {str(e)[:500]}", file=sys.stderr)
-    print(f"check_triton.py: {len(launches)} of {len(recorded)} kernel variants x {len(TARGETS)} GPUs compiled, "
-          f"{failures} failed ({time.time() - start:.0f} s)")
+    wgmma = wgmma_variants()
+    for source, num_warps, description in wgmma:
+        try:
+            triton.compile(source, target=TARGETS[1], options={"num_warps": num_warps})
+        except Exception as e:
+            failures += 1
+            print(f"FAILED _wgmma_kernel sm_90 {description}: {type(e).__name__}: {str(e)[:500]}", file=sys.stderr)
+    print(f"check_triton.py: {len(launches)} of {len(recorded)} kernel variants x {len(TARGETS)} GPUs and "
+          f"{len(wgmma)} Gluon wgmma variants (sm_90) compiled, {failures} failed ({time.time() - start:.0f} s)")
     return 1 if failures else 0
 
 
