@@ -136,11 +136,11 @@ def wgmma_variants():
         element = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
         x_layout = gl.NVMMASharedLayout.get_default_for([block_m, rows], element)
         words_layout = gl.NVMMASharedLayout.get_default_for([128, tk.WORDS_PER_CHUNK], gl.int32)
-        signature = {"x_desc": f"tensordesc<{dtype}[{block_m}, {rows}],{x_layout!r}>",
-                     "words_desc": f"tensordesc<i32[128, {tk.WORDS_PER_CHUNK}],{words_layout!r}>",
-                     "scale_zero_ptr": "*i32", "bias_ptr": f"*{dtype}" if bias else "constexpr",
-                     "out_ptr": f"*{dtype}", "partials_ptr": "*fp32", "locks_ptr": "*i32", "M": "i32", "N": "i32",
-                     "K": "i32", "stride_om": "i32", "stride_split": "i32", "first_tile": "i32"}
+        signature = dict.fromkeys(kernel.arg_names, "i32")  # the sizes, strides and tile numbers
+        signature.update({"x_desc": f"tensordesc<{dtype}[{block_m}, {rows}],{x_layout!r}>",
+                          "words_desc": f"tensordesc<i32[128, {tk.WORDS_PER_CHUNK}],{words_layout!r}>",
+                          "scale_zero_ptr": "*i32", "bias_ptr": f"*{dtype}" if bias else "constexpr",
+                          "out_ptr": f"*{dtype}", "partials_ptr": "*fp32", "locks_ptr": "*i32"})
         constexprs = dict(GROUP_SIZE=tk.NO_GROUP if group == -1 else group, BITS=bits, HAS_BIAS=bias, FINAL=final,
                           DOT_DTYPE=element, BLOCK_M=block_m, BLOCK_N=128, GROUP_M=8, STAGES=stages)
         signature.update({name: "constexpr" for name in constexprs})
