@@ -3,8 +3,9 @@
 (`KernelConfig.x_descriptor`), and bf16 cuBLAS, 4-bit g128 with zero points.
 Per (dtype, shape, M): every mma candidate config of the tuner (plus deeper pipelines above M = 64, and 256-row
 tiles from M = 256) at both F, each checked
-against the dequant path (outputs NaN-poisoned first) and timed once; then 3 interleaved rounds of cublas / best F=1 /
-best F=8 (CUDA-graph replay over weight copies > 4x L2; half a second of settling first at M >= 256), medians.
+against the dequant path (outputs NaN-poisoned first) and timed once; then 3 interleaved rounds of cublas and the
+best of each (CUDA-graph replay over weight copies > 4x L2; half a second of settling first at M >= 256), medians;
+the last column is the time against F = 1's.
     python3 benchmarks/triton_mma_ab.py [shapes] [ms] [dtypes]"""
 import dataclasses
 import math
@@ -45,9 +46,42 @@ def label(c):
     return f"{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}k{c.split_k}"
 
 
-def main():
+def compare(shape, m, dtype, layers, dense, x, ref, candidates, settle_s):
+    """Time each config of each named group of `candidates` once (output NaN-poisoned first, checked against
+    `ref`), then 3 interleaved rounds of cuBLAS and each group's fastest; prints both, returns the medians (us)
+    and each group's (fastest config, largest relative error)."""
+    n = ref.shape[1]
+    best, notes = {}, []
+    for name, configs in candidates.items():
+        tried = {}
+        for config in configs:
+            out = torch.full((m, n), float("nan"), dtype=dtype, device=dev)
+            try:
+                calls = [lambda x, w=w, c=config: tk.quant_matmul(x, w, config=c) for w in layers]
+                tk.quant_matmul(x, layers[0], out=out, config=config)
+                err = ((out.double() - ref).norm() / ref.norm()).item()
+                tried[config] = (time_calls(calls, x)[0] * 1e6, err, calls)
+            except Exception as e:
+                print(f"   {shape} M={m} {name} {label(config)}: {type(e).__name__}: {str(e)[:300]}")
+        if tried:
+            fastest = min(tried, key=lambda c: tried[c][0])
+            best[name] = (fastest, tried[fastest][2], max(v[1] for v in tried.values()))
+            notes.append(f"{name}: " + " ".join(f"{label(c)}{' tma' if c.x_descriptor else ''}:{v[0]:.1f}/{v[1]:.1e}"
+                                                for c, v in sorted(tried.items(), key=lambda i: i[1][0])))
+    print(f"   {str(dtype)[6:]} {shape} M={m} | " + " | ".join(notes), flush=True)
+    times = {name: [] for name in ("cublas",) + tuple(best)}
+    for _ in range(3):
+        for name in times:
+            fns = dense if name == "cublas" else best[name][1]
+            times[name].append(time_calls(fns, x, settle_s=settle_s)[0] * 1e6)
+    return {name: statistics.median(v) for name, v in times.items()}, {k: (v[0], v[2]) for k, v in best.items()}
+
+
+def run(candidates, default_ms):
+    """For argv's shapes, M values and dtypes (4-bit g128 layers with zero points): `compare` the config groups
+    that candidates(m, n, k) names."""
     shapes = sys.argv[1].split(",") if len(sys.argv) > 1 else list(SHAPES)
-    ms = [int(v) for v in sys.argv[2].split(",")] if len(sys.argv) > 2 else [16, 64, 128, 256, 1024]
+    ms = [int(v) for v in sys.argv[2].split(",")] if len(sys.argv) > 2 else default_ms
     names = sys.argv[3] if len(sys.argv) > 3 else "bf16"
     dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16}[d] for d in names.split(",")]
     print(f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, triton {__import__('triton').__version__}")
@@ -60,38 +94,24 @@ def main():
             for m in ms:
                 x = torch.randn(m, k, device=dev).to(dtype)
                 ref = tk.quant_matmul(x, layers[0], config=tk.KernelConfig("dequant")).double()
-                best, notes = {}, []
-                variants = (1, 8, "tma") if m > 64 else (1, 8)
-                for variant in variants:
-                    tried = {}
-                    for config in configs(m, n, k):
-                        config = dataclasses.replace(config, fields_per_dot=1 if variant == 1 else 8,
-                                                     x_descriptor=variant == "tma")
-                        out = torch.full((m, n), float("nan"), dtype=dtype, device=dev)
-                        try:
-                            calls = [lambda x, w=w, c=config: tk.quant_matmul(x, w, config=c) for w in layers]
-                            tk.quant_matmul(x, layers[0], out=out, config=config)
-                            err = ((out.double() - ref).norm() / ref.norm()).item()
-                            tried[config] = (time_calls(calls, x)[0] * 1e6, err, calls)
-                        except Exception as e:
-                            print(f"   {shape} M={m} {variant} {label(config)}: {type(e).__name__}: {str(e)[:200]}")
-                    b = min(tried, key=lambda c: tried[c][0])
-                    best[variant] = (b, tried[b][2], max(v[1] for v in tried.values()))
-                    notes.append(f"{variant}: " + " ".join(f"{label(c)}:{v[0]:.1f}" for c, v in
-                                                           sorted(tried.items(), key=lambda i: i[1][0])))
-                print(f"   {str(dtype)[6:]} {shape} M={m} | " + " | ".join(notes), flush=True)
-                times = {name: [] for name in ("cublas",) + variants}
-                for _ in range(3):
-                    for name in variants + ("cublas",):
-                        fns = dense if name == "cublas" else best[name][1]
-                        times[name].append(time_calls(fns, x, settle_s=0.5 if m >= 256 else 0.0)[0] * 1e6)
-                med = {name: statistics.median(v) for name, v in times.items()}
+                groups = candidates(m, n, k)
+                med, best = compare(shape, m, dtype, layers, dense, x, ref, groups, 0.5 if m >= 256 else 0.0)
+                first = next(iter(best))
                 print(f"{str(dtype)[6:]:>5} {shape:>8} M={m:<5} cublas {med['cublas']:8.1f} | "
                       + " | ".join(f"{v} {med[v]:8.1f} us {med['cublas'] / med[v]:.2f}x {label(best[v][0])} "
-                                   f"err {best[v][2]:.1e} {med[v] / med[1] - 1:+.1%}" for v in variants), flush=True)
+                                   f"max err {best[v][1]:.1e} {med[v] / med[first] - 1:+.1%}" for v in best),
+                      flush=True)
             del layers, dense
             torch.cuda.empty_cache()
 
 
+def mma_variants(m, n, k):
+    """F = 1, F = 8 and (above M = 64) F = 8 with x through TMA, over the mma configs."""
+    variants = {"1": dict(fields_per_dot=1), "8": dict(fields_per_dot=8)}
+    if m > 64:
+        variants["tma"] = dict(fields_per_dot=8, x_descriptor=True)
+    return {name: [dataclasses.replace(c, **changes) for c in configs(m, n, k)] for name, changes in variants.items()}
+
+
 if __name__ == "__main__":
-    main()
+    run(mma_variants, [16, 64, 128, 256, 1024])
