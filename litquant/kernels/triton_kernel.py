@@ -444,6 +444,19 @@ def _activations(x_rows, perm_ptr, first_row, rows: tl.constexpr, K, m_mask, HAS
 
 
 @triton.jit
+def _grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """The (row block, column block) of tile `pid` in grouped order: GROUP_M row blocks sweep the column blocks
+    together, so the weight tiles they share are read from DRAM about once per group (the swizzle of the Triton
+    matmul tutorial). Scalar arithmetic only, so the Gluon kernel (`triton_wgmma`) calls it too."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % group_rows, (pid % per_group) // group_rows
+
+
+@triton.jit
 def _mma_kernel(x_ptr, qweight_ptr, scale_zero_ptr, perm_ptr, bias_ptr, out_ptr, partials_ptr, locks_ptr,
                 M, N, K, stride_xm, stride_om, stride_split,
                 GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr,
@@ -485,15 +498,7 @@ def _mma_kernel(x_ptr, qweight_ptr, scale_zero_ptr, perm_ptr, bias_ptr, out_ptr,
     ROWS: tl.constexpr = VALUES * WORDS
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    # Grouped tile order: GROUP_M row blocks sweep the column blocks together, so the weight tiles they share are
-    # read from DRAM about once per group (the swizzle of the Triton matmul tutorial).
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_rows
-    pid_n = (pid % per_group) // group_rows
+    pid_m, pid_n = _grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

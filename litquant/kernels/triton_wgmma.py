@@ -38,7 +38,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from litquant.kernels.triton_kernel import WORDS_PER_CHUNK, _BF16_PAIR_ASM, _FP16_PAIR_ASM, _PAIR_CONSTRAINTS
+from litquant.kernels.triton_kernel import (WORDS_PER_CHUNK, _BF16_PAIR_ASM, _FP16_PAIR_ASM, _PAIR_CONSTRAINTS,
+                                           _grouped_tile)
 
 WORDS = gl.constexpr(WORDS_PER_CHUNK)  # int32 words a column a chunk
 # (renamed after triton 3.6, the GPU machine's; CI compiles with a later one)
@@ -124,15 +125,10 @@ def _wgmma_kernel(x_desc, words_desc, scale_zero_ptr, bias_ptr, out_ptr, partial
     operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     columns: gl.constexpr = gl.SliceLayout(1, operand)
 
-    # Grouped tile order, as in `_mma_kernel`.
     pid = gl.program_id(0)
-    num_m = gl.cdiv(M, BLOCK_M)
-    num_n = gl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = gl.minimum(num_m - first_m, GROUP_M)
-    m0 = (first_m + (pid % per_group) % group_rows) * BLOCK_M
-    n0 = ((pid % per_group) // group_rows) * BLOCK_N
+    pid_m, pid_n = _grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    m0 = pid_m * BLOCK_M
+    n0 = pid_n * BLOCK_N
 
     x_smem = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, ROWS], x_desc.layout)
     words_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, WORDS], words_desc.layout)
