@@ -361,6 +361,22 @@ def test_wgmma_path_gpu(case, tile):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the wgmma path is for sm_90")
+def test_wgmma_splits_only_the_last_wave_gpu():
+    """More tiles than an SM holds blocks: whole waves run unsplit, the last wave's tiles split over K (a second
+    launch); its split-K counters are left zeroed."""
+    qw = random_quantized(1024, 10240, 4, 128, act_order=False, zero_point=True, device=torch.device("cuda"))
+    packed = tk.repack(qw)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for block_m, m in ((128, 256), (256, 512)):  # 2 x 80 tiles of 128 columns: a wave and a part
+        config = tk.KernelConfig("wgmma", block_n=128, block_m=block_m, split_k=4, num_warps=8, num_stages=3)
+        assert sms < 160 < 2 * sms
+        check_against_references(qw, config, torch.bfloat16, ms=(m,))
+        assert not packed.locks.any()
+
+
+@pytest.mark.gpu
 def test_wgmma_path_refuses_what_it_cannot_take_gpu():
     config = tk.KernelConfig("wgmma", block_n=128, block_m=128, num_warps=8, num_stages=4)
     for bits, group_size in ((3, 128), (4, 64), (8, 128)):

@@ -566,7 +566,7 @@ class KernelConfig:
     path: str  # "gemv", "mma", "wgmma" (Hopper, `triton_wgmma`) or "dequant"
     block_n: int = 128
     block_m: int = 16
-    split_k: int = 1
+    split_k: int = 1  # wgmma: the split of the last, partial wave's tiles (`triton_wgmma.launch`)
     num_warps: int = 4
     num_stages: int = 2
     fields_per_dot: Optional[int] = None  # mma: F of `_mma_kernel`; None: `default_fields_per_dot`
@@ -677,11 +677,13 @@ def candidate_configs(m: int, n: int, k: int, bits: int, device: torch.device) -
         if not _before_hopper(device):
             shapes += [(128, 128, 4, 3, True), (128, 128, 8, 2, True)] + ([(256, 128, 8, 3, True)] if m >= 256 else [])
         if _hopper(device) and bits in WGMMA_BITS:
-            # One block an SM (two at 64 rows). Fewer tiles than SMs also run split over K, in the 1-4 runs that
-            # leave the fewest idle SMs in the last wave (7B-down at M = 256: 32 tiles of 256 x 128).
+            # Each also with the tiles of its last, partial wave split over K where that fills it better (7B-down
+            # at M = 256: 32 tiles of 256 x 128 in 4 runs; 70B-qkv: 132 + 28 tiles of 128 x 128, the 28 in 4).
+            from litquant.kernels import triton_wgmma  # Gluon: imported where it runs
             for block_m, stages in ((128, 4), (64, 4)) + (((256, 3),) if m >= 256 and bits == 4 else ()):
-                tiles, slots = -(-m // block_m) * -(-n // 128), sms * (2 if block_m == 64 else 1)
-                split = min(range(1, 5), key=lambda s: (-(-tiles * s // slots) / s, s)) if tiles <= sms else 1
+                tiles = -(-m // block_m) * -(-n // 128)
+                blocks = triton_wgmma.stages_and_blocks(bits, 2, block_m, 128, stages, device)[1]
+                split = triton_wgmma.tail_split(tiles, sms * blocks, sms)
                 configs += [KernelConfig("wgmma", block_n=128, block_m=block_m, split_k=s, num_warps=8,
                                          num_stages=stages) for s in sorted({1, split})]
         for block_m, block_n, warps, stages, descriptor in shapes:
@@ -806,7 +808,7 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scale_z
         grid = (triton.cdiv(n, config.block_n), split, triton.cdiv(m, config.block_m))
     else:
         grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), split)
-    if not final and grid[0] * (grid[2] if config.path == "gemv" else 1) > locks.numel():
+    if not final and config.path != "wgmma" and grid[0] * (grid[2] if config.path == "gemv" else 1) > locks.numel():
         raise ValueError(f"{config} for M={m} N={n} splits more output tiles than the {locks.numel()} split-K "
                          f"counters given (see lock_count)")
     even = m % config.block_m == 0 and n % config.block_n == 0 and k % chunk_rows(bits) == 0
