@@ -200,9 +200,10 @@ def stages_and_blocks(bits: int, x_bytes: int, block_m: int, block_n: int, stage
     """The pipeline stages that fit a block's shared memory, up to `stages` (2-bit chunks are 256 rows: 3 at
     128 x 128), and the blocks an SM then holds."""
     stage_bytes = block_m * (32 // bits) * WORDS_PER_CHUNK * x_bytes + block_n * WORDS_PER_CHUNK * 4
-    per_block = triton.runtime.driver.active.utils.get_device_properties(device.index)["max_shared_mem"]
+    index = torch.cuda.current_device() if device.index is None else device.index
+    per_block = triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
     stages = max(2, min(stages, (per_block - 1024) // stage_bytes))
-    per_sm = torch.cuda.get_device_properties(device).shared_memory_per_multiprocessor
+    per_sm = torch.cuda.get_device_properties(index).shared_memory_per_multiprocessor
     return stages, max(1, per_sm // (stages * stage_bytes + 1024))
 
 
