@@ -387,6 +387,41 @@ def test_wgmma_path_refuses_what_it_cannot_take_gpu():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_dependent_gemv_layers_in_a_chain_gpu(graph):
+    """Each layer's input is the previous layer's output, back to back: a gemv launched as a programmatic dependent
+    starts while the kernel ahead still runs and must wait for it before reading x, scales or the split-K buffers.
+    Every output is NaN-poisoned first, so an early read shows."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch is sm_90 on")
+    width, layers, dtype = 2048, 6, torch.bfloat16
+    weights = [random_quantized(width, width, 4, 128, act_order=i % 2 == 1, zero_point=True, seed=i,
+                                device=torch.device("cuda")) for i in range(layers)]
+    packed = [tk.repack(qw) for qw in weights]
+    configs = [tk.KernelConfig("gemv", block_n=256, block_m=1, split_k=split, num_warps=4, num_stages=3,
+                               dependent=True) for split in (1, 4, 8, 1, 16, 4)]
+    x = torch.randn(1, width, device="cuda", dtype=dtype)
+    outs = [torch.empty(1, width, device="cuda", dtype=dtype) for _ in range(layers)]
+
+    def chain():
+        for buffer in outs:
+            buffer.fill_(float("nan"))
+        for weight, config, inp, out in zip(packed, configs, [x] + outs[:-1], outs):
+            tk.quant_matmul(inp, weight, out=out, config=config)
+
+    chain()
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            chain()
+        g.replay()
+    for i, (qw, inp, out) in enumerate(zip(weights, [x] + outs[:-1], outs)):
+        assert not out.isnan().any(), f"layer {i}: NaN in the output (read its input too early?)"
+        exact = inp.double() @ qw.dequantize(torch.float64).t()
+        assert relative_error(out, exact) <= TOLERANCE[dtype], f"layer {i}: {relative_error(out, exact):.2e}"
+
+
+@pytest.mark.gpu
 def test_autotuned_module_gpu():
     """The module with its tuned configs, M from 1 to 4096, and inside a CUDA graph."""
     qw = random_quantized(4096, 12288, 4, 128, act_order=True, zero_point=False, device=torch.device("cuda"))

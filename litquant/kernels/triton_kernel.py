@@ -62,6 +62,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -291,12 +292,26 @@ def _write_result(total, bias_ptr, out_ptr, partials_ptr, locks_ptr, lock, offse
 
 
 @triton.jit
+def _prefetch_chunks(qweight_ptr, first, last, pid_n, N, COUNT: tl.constexpr, BLOCK_N: tl.constexpr,
+                     WORDS: tl.constexpr):
+    """Ask L2 for the first COUNT of chunks [first, last) of column block pid_n (one contiguous BLOCK_N * WORDS
+    words each), one 128-byte line a thread per request."""
+    LINE: tl.constexpr = 32  # int32 words
+    lines = tl.arange(0, BLOCK_N * WORDS // LINE) * LINE
+    for i in tl.static_range(COUNT):
+        c = tl.minimum(first + i, last - 1)
+        address = (qweight_ptr + (c * N + pid_n * BLOCK_N) * WORDS + lines).to(tl.int64, bitcast=True)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l", [address], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, qweight_ptr, scale_zero_ptr, perm_ptr, bias_ptr, out_ptr, partials_ptr, locks_ptr,
                  M, N, K, stride_xm, stride_om, stride_split,
                  GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr,
                  HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FINAL: tl.constexpr, X_EXPONENT: tl.constexpr,
                  NUM_STAGES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr,
-                 EVEN: tl.constexpr):
+                 EVEN: tl.constexpr, DEPENDENT: tl.constexpr):
     """out[rows, n] (or split partial) for BLOCK_M activation rows, BLOCK_N columns and one split of the chunks.
 
     Per weight: one AND (`_field_product`) and one FMA with the pre-scaled activation. The zero point is
@@ -328,6 +343,10 @@ def _gemv_kernel(x_ptr, qweight_ptr, scale_zero_ptr, perm_ptr, bias_ptr, out_ptr
     # M = 1 ran 5-18% slower (benchmarks/results/2026-11-30-triton-gemv-rows.log).
     x_rows = x_ptr + rows[:, None, None] * stride_xm
     tile = qweight_ptr + offs_n[None, :, None] * WORDS + offs_w[None, None, :]
+    if DEPENDENT:
+        _prefetch_chunks(qweight_ptr, first, last, pid_n, N, NUM_STAGES, BLOCK_N, WORDS)
+        gdc_launch_dependents()
+        gdc_wait()
     acc = tl.zeros([BLOCK_M, BLOCK_N, WORDS], tl.float32)
     ZERO_UNIT: tl.constexpr = 2.0 ** (X_EXPONENT - 149)  # acc holds x * q in units of 2**(X_EXPONENT - 149)
     for c in tl.range(first, last, num_stages=NUM_STAGES):
@@ -571,6 +590,7 @@ class KernelConfig:
     num_stages: int = 2
     fields_per_dot: Optional[int] = None  # mma: F of `_mma_kernel`; None: `default_fields_per_dot`
     x_descriptor: bool = False  # mma: x through a TMA descriptor where `_x_descriptor` can make one
+    dependent: bool = False  # gemv, sm_90 on: launched as a programmatic dependent (see `_gemv_kernel`)
 
 
 GEMV_MAX_M = 4
@@ -814,7 +834,8 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scale_z
     even = m % config.block_m == 0 and n % config.block_n == 0 and k % chunk_rows(bits) == 0
     if config.path == "gemv":
         _gemv_kernel[grid](*args, m, n, k, x.stride(0), n, m * n, X_EXPONENT=X_EXPONENT,
-                           NUM_STAGES=config.num_stages, BLOCK_M=config.block_m, EVEN=even, **flags)
+                           NUM_STAGES=config.num_stages, BLOCK_M=config.block_m, EVEN=even,
+                           DEPENDENT=config.dependent, launch_pdl=config.dependent, **flags)
     elif config.path == "wgmma":
         from litquant.kernels import triton_wgmma  # Gluon: imported where it runs
         if x.data_ptr() % 16 or x.stride(0) * x.element_size() % 16:  # its TMA descriptor's alignment
