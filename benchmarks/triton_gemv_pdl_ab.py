@@ -18,7 +18,7 @@ import litquant.kernels.triton_kernel as tk  # noqa: E402
 
 def launches(m, n, k):
     """The tuner's gemv candidates, plain and dependent."""
-    gemv = [c for c in tk.candidate_configs(m, n, k, 4, torch.device("cuda")) if c.path == "gemv"]
+    gemv = [c for c in tk.candidate_configs(m, n, k, 4, torch.device("cuda")) if c.path == "gemv" and not c.dependent]
     return {"plain": gemv, "dependent": [dataclasses.replace(c, dependent=True) for c in gemv]}
 
 

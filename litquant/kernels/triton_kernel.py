@@ -327,7 +327,14 @@ def _gemv_kernel(x_ptr, qweight_ptr, scale_zero_ptr, perm_ptr, bias_ptr, out_ptr
     (sm_90 SASS, bf16 zero points g128, BLOCK_N 256 on 4 warps), the group size being a constexpr too. On an H200
     (interleaved A/B, bf16 g128, benchmarks/results/2026-12-01-triton-gemv-even.log) M = 1 took 11-16% less
     time (70B-qkv 20.7 -> 18.5 us, 70B-up 80.8 -> 68.1, 70B-down 43.1 -> 38.1), M = 2 11-26% less.
-    """
+    DEPENDENT (sm_90 on; the launch sets launch_pdl): the kernel is a programmatic dependent of the one ahead in
+    the stream, so its programs may start while that one still runs. Before waiting for it (gdc_wait) a program
+    only asks L2 for its first NUM_STAGES chunks of weight words (prefetch, no load: L2 is where the kernel
+    ahead's writes land, so nothing stale can reach a register); x, the scales, partials and counters are read
+    after the wait. It lets the next call in too (gdc_launch_dependents) as soon as every program has started.
+    On an H200 (interleaved A/B, bf16 g128, benchmarks/results/2026-12-02-triton-gemv-pdl-ab.log): M = 2 3-7%
+    less time on 70B-qkv, 7B-qkv, 70B-down and 7B-up; M = 1 -2% to +5%, so the tuner times both ways.
+"""
     VALUES: tl.constexpr = 32 // BITS
     ROWS: tl.constexpr = VALUES * WORDS
     pid_n = tl.program_id(0)
@@ -678,11 +685,14 @@ def candidate_configs(m: int, n: int, k: int, bits: int, device: torch.device) -
         # Measured on an H200 (benchmarks/results/2026-11-30-triton-gemv.md): 256 columns on 4 warps (8 columns a
         # thread) with a 3-stage cp.async pipeline wins on every Llama-2 layer; the others serve small N. Above one
         # row, a program takes all rows (one read of each weight) or one (fewer registers).
+        # From sm_90 the 3-stage ones also run as programmatic dependents (`_gemv_kernel`'s DEPENDENT).
+        dependent = (False, True) if not _before_hopper(device) and device.type == "cuda" else (False,)
         for rows in sorted({m_bucket(m), 1}):
             for block_n, warps, stages in ((256, 4, 3), (256, 4, 2), (128, 4, 3), (64, 4, 2)):
                 configs += [KernelConfig("gemv", block_n=block_n, block_m=rows, split_k=s, num_warps=warps,
-                                         num_stages=stages)
-                            for s in splits(-(-n // block_n) * -(-m // rows), finer=True)]
+                                         num_stages=stages, dependent=d)
+                            for s in splits(-(-n // block_n) * -(-m // rows), finer=True)
+                            for d in dependent if stages == 3 or not d]
     block_m = min(max(16, m_bucket(m)), 128)
     if m <= 64:
         # 3-4 stages: 70B-up at M = 64, 241 us at 4 against 268 at 3 (benchmarks/results/2026-12-01-triton-mma16.md)
@@ -784,7 +794,7 @@ def choose_config(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tens
     _TUNED[key] = min(times, key=times.get)
     log.debug("tuned M<=%d N=%d K=%d %s: %s", m_bucket(m), n, k, x.dtype, "; ".join(
         f"{c.path} bn={c.block_n} bm={c.block_m} split={c.split_k} w={c.num_warps} st={c.num_stages}"
-        f"{' tma' if c.x_descriptor else ''} "
+        f"{' tma' if c.x_descriptor else ''}{' pdl' if c.dependent else ''} "
         f"{t * 1e6:.1f} us" for c, t in sorted(times.items(), key=lambda item: item[1])))
     return _TUNED[key]
 
