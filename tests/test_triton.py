@@ -361,6 +361,22 @@ def test_wgmma_path_gpu(case, tile):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                    reason="the wgmma path is for sm_90")
+def test_wgmma_splits_only_the_last_wave_gpu():
+    """More tiles than an SM holds blocks: whole waves run unsplit, the last wave's tiles split over K (a second
+    launch); its split-K counters are left zeroed."""
+    qw = random_quantized(1024, 10240, 4, 128, act_order=False, zero_point=True, device=torch.device("cuda"))
+    packed = tk.repack(qw)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for block_m, m in ((128, 256), (256, 512)):  # 2 x 80 tiles of 128 columns: a wave and a part
+        config = tk.KernelConfig("wgmma", block_n=128, block_m=block_m, split_k=4, num_warps=8, num_stages=3)
+        assert sms < 160 < 2 * sms
+        check_against_references(qw, config, torch.bfloat16, ms=(m,))
+        assert not packed.locks.any()
+
+
+@pytest.mark.gpu
 def test_wgmma_path_refuses_what_it_cannot_take_gpu():
     config = tk.KernelConfig("wgmma", block_n=128, block_m=128, num_warps=8, num_stages=4)
     for bits, group_size in ((3, 128), (4, 64), (8, 128)):
@@ -368,6 +384,41 @@ def test_wgmma_path_refuses_what_it_cannot_take_gpu():
         x = torch.randn(128, 512, device="cuda", dtype=torch.bfloat16)
         with pytest.raises(ValueError, match="the wgmma path takes sm_90, 2 or 4-bit codes"):
             tk.quant_matmul(x, packed, config=config)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_dependent_gemv_layers_in_a_chain_gpu(graph):
+    """Each layer's input is the previous layer's output, back to back: a gemv launched as a programmatic dependent
+    starts while the kernel ahead still runs and must wait for it before reading x, scales or the split-K buffers.
+    Every output is NaN-poisoned first, so an early read shows."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch is sm_90 on")
+    width, layers, dtype = 2048, 6, torch.bfloat16
+    weights = [random_quantized(width, width, 4, 128, act_order=i % 2 == 1, zero_point=True, seed=i,
+                                device=torch.device("cuda")) for i in range(layers)]
+    packed = [tk.repack(qw) for qw in weights]
+    configs = [tk.KernelConfig("gemv", block_n=256, block_m=1, split_k=split, num_warps=4, num_stages=3,
+                               dependent=True) for split in (1, 4, 8, 1, 16, 4)]
+    x = torch.randn(1, width, device="cuda", dtype=dtype)
+    outs = [torch.empty(1, width, device="cuda", dtype=dtype) for _ in range(layers)]
+
+    def chain():
+        for buffer in outs:
+            buffer.fill_(float("nan"))
+        for weight, config, inp, out in zip(packed, configs, [x] + outs[:-1], outs):
+            tk.quant_matmul(inp, weight, out=out, config=config)
+
+    chain()
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            chain()
+        g.replay()
+    for i, (qw, inp, out) in enumerate(zip(weights, [x] + outs[:-1], outs)):
+        assert not out.isnan().any(), f"layer {i}: NaN in the output (read its input too early?)"
+        exact = inp.double() @ qw.dequantize(torch.float64).t()
+        assert relative_error(out, exact) <= TOLERANCE[dtype], f"layer {i}: {relative_error(out, exact):.2e}"
 
 
 @pytest.mark.gpu

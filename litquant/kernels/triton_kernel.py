@@ -62,6 +62,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -291,12 +292,26 @@ def _write_result(total, bias_ptr, out_ptr, partials_ptr, locks_ptr, lock, offse
 
 
 @triton.jit
+def _prefetch_chunks(qweight_ptr, first, last, pid_n, N, COUNT: tl.constexpr, BLOCK_N: tl.constexpr,
+                     WORDS: tl.constexpr):
+    """Ask L2 for the first COUNT of chunks [first, last) of column block pid_n (one contiguous BLOCK_N * WORDS
+    words each), one 128-byte line a thread per request."""
+    LINE: tl.constexpr = 32  # int32 words
+    lines = tl.arange(0, BLOCK_N * WORDS // LINE) * LINE
+    for i in tl.static_range(COUNT):
+        c = tl.minimum(first + i, last - 1)
+        address = (qweight_ptr + (c * N + pid_n * BLOCK_N) * WORDS + lines).to(tl.int64, bitcast=True)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // dummy $0", "=r,l", [address], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, qweight_ptr, scale_zero_ptr, perm_ptr, bias_ptr, out_ptr, partials_ptr, locks_ptr,
                  M, N, K, stride_xm, stride_om, stride_split,
                  GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, GROUP_PER_CHUNK: tl.constexpr,
                  HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, FINAL: tl.constexpr, X_EXPONENT: tl.constexpr,
                  NUM_STAGES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr,
-                 EVEN: tl.constexpr):
+                 EVEN: tl.constexpr, DEPENDENT: tl.constexpr):
     """out[rows, n] (or split partial) for BLOCK_M activation rows, BLOCK_N columns and one split of the chunks.
 
     Per weight: one AND (`_field_product`) and one FMA with the pre-scaled activation. The zero point is
@@ -312,7 +327,14 @@ def _gemv_kernel(x_ptr, qweight_ptr, scale_zero_ptr, perm_ptr, bias_ptr, out_ptr
     (sm_90 SASS, bf16 zero points g128, BLOCK_N 256 on 4 warps), the group size being a constexpr too. On an H200
     (interleaved A/B, bf16 g128, benchmarks/results/2026-12-01-triton-gemv-even.log) M = 1 took 11-16% less
     time (70B-qkv 20.7 -> 18.5 us, 70B-up 80.8 -> 68.1, 70B-down 43.1 -> 38.1), M = 2 11-26% less.
-    """
+    DEPENDENT (sm_90 on; the launch sets launch_pdl): the kernel is a programmatic dependent of the one ahead in
+    the stream, so its programs may start while that one still runs. Before waiting for it (gdc_wait) a program
+    only asks L2 for its first NUM_STAGES chunks of weight words (prefetch, no load: L2 is where the kernel
+    ahead's writes land, so nothing stale can reach a register); x, the scales, partials and counters are read
+    after the wait. It lets the next call in too (gdc_launch_dependents) as soon as every program has started.
+    On an H200 (interleaved A/B, bf16 g128, benchmarks/results/2026-12-02-triton-gemv-pdl-ab.log): M = 2 3-7%
+    less time on 70B-qkv, 7B-qkv, 70B-down and 7B-up; M = 1 -2% to +5%, so the tuner times both ways.
+"""
     VALUES: tl.constexpr = 32 // BITS
     ROWS: tl.constexpr = VALUES * WORDS
     pid_n = tl.program_id(0)
@@ -328,6 +350,10 @@ def _gemv_kernel(x_ptr, qweight_ptr, scale_zero_ptr, perm_ptr, bias_ptr, out_ptr
     # M = 1 ran 5-18% slower (benchmarks/results/2026-11-30-triton-gemv-rows.log).
     x_rows = x_ptr + rows[:, None, None] * stride_xm
     tile = qweight_ptr + offs_n[None, :, None] * WORDS + offs_w[None, None, :]
+    if DEPENDENT:
+        _prefetch_chunks(qweight_ptr, first, last, pid_n, N, NUM_STAGES, BLOCK_N, WORDS)
+        gdc_launch_dependents()
+        gdc_wait()
     acc = tl.zeros([BLOCK_M, BLOCK_N, WORDS], tl.float32)
     ZERO_UNIT: tl.constexpr = 2.0 ** (X_EXPONENT - 149)  # acc holds x * q in units of 2**(X_EXPONENT - 149)
     for c in tl.range(first, last, num_stages=NUM_STAGES):
@@ -566,11 +592,12 @@ class KernelConfig:
     path: str  # "gemv", "mma", "wgmma" (Hopper, `triton_wgmma`) or "dequant"
     block_n: int = 128
     block_m: int = 16
-    split_k: int = 1
+    split_k: int = 1  # wgmma: the split of the last, partial wave's tiles (`triton_wgmma.launch`)
     num_warps: int = 4
     num_stages: int = 2
     fields_per_dot: Optional[int] = None  # mma: F of `_mma_kernel`; None: `default_fields_per_dot`
     x_descriptor: bool = False  # mma: x through a TMA descriptor where `_x_descriptor` can make one
+    dependent: bool = False  # gemv, sm_90 on: launched as a programmatic dependent (see `_gemv_kernel`)
 
 
 GEMV_MAX_M = 4
@@ -658,11 +685,14 @@ def candidate_configs(m: int, n: int, k: int, bits: int, device: torch.device) -
         # Measured on an H200 (benchmarks/results/2026-11-30-triton-gemv.md): 256 columns on 4 warps (8 columns a
         # thread) with a 3-stage cp.async pipeline wins on every Llama-2 layer; the others serve small N. Above one
         # row, a program takes all rows (one read of each weight) or one (fewer registers).
+        # From sm_90 the 3-stage ones also run as programmatic dependents (`_gemv_kernel`'s DEPENDENT).
+        dependent = (False, True) if not _before_hopper(device) and device.type == "cuda" else (False,)
         for rows in sorted({m_bucket(m), 1}):
             for block_n, warps, stages in ((256, 4, 3), (256, 4, 2), (128, 4, 3), (64, 4, 2)):
                 configs += [KernelConfig("gemv", block_n=block_n, block_m=rows, split_k=s, num_warps=warps,
-                                         num_stages=stages)
-                            for s in splits(-(-n // block_n) * -(-m // rows), finer=True)]
+                                         num_stages=stages, dependent=d)
+                            for s in splits(-(-n // block_n) * -(-m // rows), finer=True)
+                            for d in dependent if stages == 3 or not d]
     block_m = min(max(16, m_bucket(m)), 128)
     if m <= 64:
         # 3-4 stages: 70B-up at M = 64, 241 us at 4 against 268 at 3 (benchmarks/results/2026-12-01-triton-mma16.md)
@@ -677,11 +707,13 @@ def candidate_configs(m: int, n: int, k: int, bits: int, device: torch.device) -
         if not _before_hopper(device):
             shapes += [(128, 128, 4, 3, True), (128, 128, 8, 2, True)] + ([(256, 128, 8, 3, True)] if m >= 256 else [])
         if _hopper(device) and bits in WGMMA_BITS:
-            # One block an SM (two at 64 rows). Fewer tiles than SMs also run split over K, in the 1-4 runs that
-            # leave the fewest idle SMs in the last wave (7B-down at M = 256: 32 tiles of 256 x 128).
+            # Each also with the tiles of its last, partial wave split over K where that fills it better (7B-down
+            # at M = 256: 32 tiles of 256 x 128 in 4 runs; 70B-qkv: 132 + 28 tiles of 128 x 128, the 28 in 4).
+            from litquant.kernels import triton_wgmma  # Gluon: imported where it runs
             for block_m, stages in ((128, 4), (64, 4)) + (((256, 3),) if m >= 256 and bits == 4 else ()):
-                tiles, slots = -(-m // block_m) * -(-n // 128), sms * (2 if block_m == 64 else 1)
-                split = min(range(1, 5), key=lambda s: (-(-tiles * s // slots) / s, s)) if tiles <= sms else 1
+                tiles = -(-m // block_m) * -(-n // 128)
+                blocks = triton_wgmma.stages_and_blocks(bits, 2, block_m, 128, stages, device)[1]
+                split = triton_wgmma.tail_split(tiles, sms * blocks, sms)
                 configs += [KernelConfig("wgmma", block_n=128, block_m=block_m, split_k=s, num_warps=8,
                                          num_stages=stages) for s in sorted({1, split})]
         for block_m, block_n, warps, stages, descriptor in shapes:
@@ -762,7 +794,7 @@ def choose_config(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tens
     _TUNED[key] = min(times, key=times.get)
     log.debug("tuned M<=%d N=%d K=%d %s: %s", m_bucket(m), n, k, x.dtype, "; ".join(
         f"{c.path} bn={c.block_n} bm={c.block_m} split={c.split_k} w={c.num_warps} st={c.num_stages}"
-        f"{' tma' if c.x_descriptor else ''} "
+        f"{' tma' if c.x_descriptor else ''}{' pdl' if c.dependent else ''} "
         f"{t * 1e6:.1f} us" for c, t in sorted(times.items(), key=lambda item: item[1])))
     return _TUNED[key]
 
@@ -806,13 +838,14 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scale_z
         grid = (triton.cdiv(n, config.block_n), split, triton.cdiv(m, config.block_m))
     else:
         grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), split)
-    if not final and grid[0] * (grid[2] if config.path == "gemv" else 1) > locks.numel():
+    if not final and config.path != "wgmma" and grid[0] * (grid[2] if config.path == "gemv" else 1) > locks.numel():
         raise ValueError(f"{config} for M={m} N={n} splits more output tiles than the {locks.numel()} split-K "
                          f"counters given (see lock_count)")
     even = m % config.block_m == 0 and n % config.block_n == 0 and k % chunk_rows(bits) == 0
     if config.path == "gemv":
         _gemv_kernel[grid](*args, m, n, k, x.stride(0), n, m * n, X_EXPONENT=X_EXPONENT,
-                           NUM_STAGES=config.num_stages, BLOCK_M=config.block_m, EVEN=even, **flags)
+                           NUM_STAGES=config.num_stages, BLOCK_M=config.block_m, EVEN=even,
+                           DEPENDENT=config.dependent, launch_pdl=config.dependent, **flags)
     elif config.path == "wgmma":
         from litquant.kernels import triton_wgmma  # Gluon: imported where it runs
         if x.data_ptr() % 16 or x.stride(0) * x.element_size() % 16:  # its TMA descriptor's alignment

@@ -28,7 +28,7 @@ none), no act_order gather (x is permuted before; the launch does it). Other cas
 contiguous per thread for coalesced stores. The non-final (split) epilogue holds the fp32 tile, a loaded partial
 and their addresses at once: 255 registers and a few spills there, against 157 for the final one (128 x 128).
 """
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -113,11 +113,12 @@ def _chunk(acc, params, i, first, count, x_desc, words_desc, x_smem, words_smem,
 
 @gluon.jit
 def _wgmma_kernel(x_desc, words_desc, scale_zero_ptr, bias_ptr, out_ptr, partials_ptr, locks_ptr, M, N, K,
-                  stride_om, stride_split, GROUP_SIZE: gl.constexpr, BITS: gl.constexpr, HAS_BIAS: gl.constexpr,
+                  stride_om, stride_split, first_tile, GROUP_SIZE: gl.constexpr, BITS: gl.constexpr, HAS_BIAS: gl.constexpr,
                   FINAL: gl.constexpr, DOT_DTYPE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   GROUP_M: gl.constexpr, STAGES: gl.constexpr):
-    """out[M, N] = x @ W^T (+ bias) for one [BLOCK_M, BLOCK_N] tile and the program_id(1)-th of num_programs(1)
-    runs of K's chunks (see the module docstring; split-K as in `triton_kernel._write_result`)."""
+    """out[M, N] = x @ W^T (+ bias) for the [BLOCK_M, BLOCK_N] tile first_tile + program_id(0) and the
+    program_id(1)-th of num_programs(1) runs of K's chunks (see the module docstring; split-K as in
+    `triton_kernel._write_result`, with a counter for each of this launch's tiles)."""
     ROWS: gl.constexpr = (32 // BITS) * WORDS
     WARPS: gl.constexpr = gl.num_warps()
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
@@ -125,7 +126,7 @@ def _wgmma_kernel(x_desc, words_desc, scale_zero_ptr, bias_ptr, out_ptr, partial
     operand: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     columns: gl.constexpr = gl.SliceLayout(1, operand)
 
-    pid = gl.program_id(0)
+    pid = first_tile + gl.program_id(0)
     pid_m, pid_n = _grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     m0 = pid_m * BLOCK_M
     n0 = pid_n * BLOCK_N
@@ -176,13 +177,14 @@ def _wgmma_kernel(x_desc, words_desc, scale_zero_ptr, bias_ptr, out_ptr, partial
     else:  # this split's partial sum; the last split of the tile to arrive adds them up in order
         gl.store(partials_ptr + gl.program_id(1) * stride_split + offsets, total, mask=mask)
         _block_barrier()
-        if gl.atomic_add(locks_ptr + pid, 1, sem="acq_rel", scope="gpu") == gl.num_programs(1) - 1:
+        lock = locks_ptr + gl.program_id(0)
+        if gl.atomic_add(lock, 1, sem="acq_rel", scope="gpu") == gl.num_programs(1) - 1:
             total = gl.load(partials_ptr + offsets, mask=mask, other=0.0, cache_modifier=".cg")
             for split in range(1, gl.num_programs(1)):
                 total += gl.load(partials_ptr + split * stride_split + offsets, mask=mask, other=0.0,
                                  cache_modifier=".cg")
             _store_tile(total, bias_ptr, out_ptr, offsets, rows_n, N, mask, HAS_BIAS)
-            gl.atomic_xchg(locks_ptr + pid, 0)
+            gl.atomic_xchg(lock, 0)
 
 
 @gluon.jit
@@ -193,12 +195,36 @@ def _store_tile(total, bias_ptr, out_ptr, offsets, rows_n, N, mask, HAS_BIAS: gl
     gl.store(out_ptr + offsets, total.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def stages_and_blocks(bits: int, x_bytes: int, block_m: int, block_n: int, stages: int,
+                      device: torch.device) -> Tuple[int, int]:
+    """The pipeline stages that fit a block's shared memory, up to `stages` (2-bit chunks are 256 rows: 3 at
+    128 x 128), and the blocks an SM then holds."""
+    stage_bytes = block_m * (32 // bits) * WORDS_PER_CHUNK * x_bytes + block_n * WORDS_PER_CHUNK * 4
+    index = torch.cuda.current_device() if device.index is None else device.index
+    per_block = triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
+    stages = max(2, min(stages, (per_block - 1024) // stage_bytes))
+    per_sm = torch.cuda.get_device_properties(index).shared_memory_per_multiprocessor
+    return stages, max(1, per_sm // (stages * stage_bytes + 1024))
+
+
+def tail_split(tiles: int, slots: int, sms: int) -> int:
+    """How many runs of K (1-4) the tiles of the last, partial wave of `tiles` over `slots` resident blocks are best
+    split in: the fewest whole-tile times for that wave, the smaller split on ties (at most `sms` tiles split, one
+    split-K counter each). E.g. 70B-qkv at M = 256 in 128 x 128 tiles: 160 = 132 + 28 tiles, the 28 split 4 ways
+    run in a quarter of a wave."""
+    tail = tiles % slots
+    if tail == 0 or tail > sms:
+        return 1
+    return min(range(1, 5), key=lambda s: (-(-tail * s // slots) / s, s))
+
+
 def launch(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, bias: Optional[torch.Tensor],
            out: torch.Tensor, partials: torch.Tensor, locks: torch.Tensor, split: int, bits: int, group_size: int,
            block_m: int, block_n: int, num_warps: int, stages: int) -> None:
-    """Write x @ W^T (+ bias) into out [M, N] (contiguous) over `split` runs of K's chunks (fp32 `partials`
-    [split, M, N] and one zeroed `locks` counter a tile when split > 1); x [M, K] is in the weight's sorted row
-    order, its rows 16-byte aligned (see `triton_kernel._wgmma_supports`)."""
+    """Write x @ W^T (+ bias) into out [M, N] (contiguous); x [M, K] is in the weight's sorted row order, its rows
+    16-byte aligned (see `triton_kernel._wgmma_supports`). The tiles of whole waves run unsplit, those of the last,
+    partial wave in `split` runs of K's chunks (fp32 `partials` [split, M, N] and zeroed `locks`, one a tile of that
+    wave, when split > 1): two launches."""
     m, k = x.shape
     chunks, n, _ = qweight.shape
     rows = (32 // bits) * WORDS_PER_CHUNK
@@ -208,12 +234,17 @@ def launch(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tensor, bia
     words_layout = gl.NVMMASharedLayout.get_default_for([block_n, WORDS_PER_CHUNK], gl.int32)
     words_desc = TensorDescriptor.from_tensor(qweight.view(chunks * n, WORDS_PER_CHUNK), [block_n, WORDS_PER_CHUNK],
                                               words_layout)
-    # As many stages as fit the SM's shared memory, up to `stages` (2-bit chunks are 256 rows: 3 at 128 x 128).
-    stage_bytes = block_m * rows * x.element_size() + block_n * WORDS_PER_CHUNK * 4
-    shared = triton.runtime.driver.active.utils.get_device_properties(x.device.index)["max_shared_mem"]
-    stages = max(2, min(stages, (shared - 1024) // stage_bytes))
-    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), split)
-    _wgmma_kernel[grid](x_desc, words_desc, scale_zero, bias, out, partials, locks, m, n, k, out.stride(0), m * n,
-                        GROUP_SIZE=1 << 30 if group_size == -1 else group_size, BITS=bits, HAS_BIAS=bias is not None,
-                        FINAL=split == 1, DOT_DTYPE=dtype, BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8,
-                        STAGES=stages, num_warps=num_warps)
+    stages, blocks = stages_and_blocks(bits, x.element_size(), block_m, block_n, stages, x.device)
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    slots = torch.cuda.get_device_properties(x.device).multi_processor_count * blocks
+    whole = tiles - tiles % slots if split > 1 else tiles  # tiles that run unsplit, in whole waves
+    if tiles - whole > locks.numel():
+        raise ValueError(f"the wgmma path split {tiles - whole} tiles over K with only {locks.numel()} split-K "
+                         f"counters (see triton_kernel.lock_count)")
+    for first_tile, count, runs in ((0, whole, 1), (whole, tiles - whole, split)):
+        if count:
+            _wgmma_kernel[(count, runs)](
+                x_desc, words_desc, scale_zero, bias, out, partials, locks, m, n, k, out.stride(0), m * n, first_tile,
+                GROUP_SIZE=1 << 30 if group_size == -1 else group_size, BITS=bits, HAS_BIAS=bias is not None,
+                FINAL=runs == 1, DOT_DTYPE=dtype, BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8, STAGES=stages,
+                num_warps=num_warps)
