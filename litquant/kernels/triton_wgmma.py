@@ -24,7 +24,7 @@ The layouts (one warpgroup = 4 warps per 64 weight columns, n below):
 
 Scope: sm_90, bits 2 and 4 (fields a power of two, codes that fit bf16's mantissa), groups of whole chunks (or
 none), no act_order gather (x is permuted before; the launch does it). Other cases take `_mma_kernel`. Split-K
-(when there are fewer tiles than SMs) sums as `_mma_kernel` does. The output tile goes through a layout with n
+(only the tiles of the last, partial wave, in a second launch: `tail_split`) sums as `_mma_kernel` does. The output tile goes through a layout with n
 contiguous per thread for coalesced stores. The non-final (split) epilogue holds the fp32 tile, a loaded partial
 and their addresses at once: 255 registers and a few spills there, against 157 for the final one (128 x 128).
 """
