@@ -685,8 +685,10 @@ def candidate_configs(m: int, n: int, k: int, bits: int, device: torch.device) -
         # Measured on an H200 (benchmarks/results/2026-11-30-triton-gemv.md): 256 columns on 4 warps (8 columns a
         # thread) with a 3-stage cp.async pipeline wins on every Llama-2 layer; the others serve small N. Above one
         # row, a program takes all rows (one read of each weight) or one (fewer registers).
-        # From sm_90 the 3-stage ones also run as programmatic dependents (`_gemv_kernel`'s DEPENDENT).
-        dependent = (False, True) if not _before_hopper(device) and device.type == "cuda" else (False,)
+        # From sm_90 the 3-stage ones also run as programmatic dependents (`_gemv_kernel`'s DEPENDENT), unless
+        # LITQUANT_PDL=0 (as for marlin's kernels).
+        pdl = device.type == "cuda" and not _before_hopper(device) and os.environ.get("LITQUANT_PDL") != "0"
+        dependent = (False, True) if pdl else (False,)
         for rows in sorted({m_bucket(m), 1}):
             for block_n, warps, stages in ((256, 4, 3), (256, 4, 2), (128, 4, 3), (64, 4, 2)):
                 configs += [KernelConfig("gemv", block_n=block_n, block_m=rows, split_k=s, num_warps=warps,
