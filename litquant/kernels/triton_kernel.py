@@ -334,7 +334,7 @@ def _gemv_kernel(x_ptr, qweight_ptr, scale_zero_ptr, perm_ptr, bias_ptr, out_ptr
     after the wait. It lets the next call in too (gdc_launch_dependents) as soon as every program has started.
     On an H200 (interleaved A/B, bf16 g128, benchmarks/results/2026-12-02-triton-gemv-pdl-ab.log): M = 2 3-7%
     less time on 70B-qkv, 7B-qkv, 70B-down and 7B-up; M = 1 -2% to +5%, so the tuner times both ways.
-"""
+    """
     VALUES: tl.constexpr = 32 // BITS
     ROWS: tl.constexpr = VALUES * WORDS
     pid_n = tl.program_id(0)

@@ -24,9 +24,10 @@ The layouts (one warpgroup = 4 warps per 64 weight columns, n below):
 
 Scope: sm_90, bits 2 and 4 (fields a power of two, codes that fit bf16's mantissa), groups of whole chunks (or
 none), no act_order gather (x is permuted before; the launch does it). Other cases take `_mma_kernel`. Split-K
-(only the tiles of the last, partial wave, in a second launch: `tail_split`) sums as `_mma_kernel` does. The output tile goes through a layout with n
-contiguous per thread for coalesced stores. The non-final (split) epilogue holds the fp32 tile, a loaded partial
-and their addresses at once: 255 registers and a few spills there, against 157 for the final one (128 x 128).
+(only the tiles of the last, partial wave, in a second launch: `tail_split`) sums as `_mma_kernel` does. The output
+tile goes through a layout with n contiguous per thread for coalesced stores. The non-final (split) epilogue holds
+the fp32 tile, a loaded partial and their addresses at once: 255 registers and a few spills there, against 157 for
+the final one (128 x 128).
 """
 from typing import Optional, Tuple
 
@@ -113,9 +114,9 @@ def _chunk(acc, params, i, first, count, x_desc, words_desc, x_smem, words_smem,
 
 @gluon.jit
 def _wgmma_kernel(x_desc, words_desc, scale_zero_ptr, bias_ptr, out_ptr, partials_ptr, locks_ptr, M, N, K,
-                  stride_om, stride_split, first_tile, GROUP_SIZE: gl.constexpr, BITS: gl.constexpr, HAS_BIAS: gl.constexpr,
-                  FINAL: gl.constexpr, DOT_DTYPE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                  GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+                  stride_om, stride_split, first_tile, GROUP_SIZE: gl.constexpr, BITS: gl.constexpr,
+                  HAS_BIAS: gl.constexpr, FINAL: gl.constexpr, DOT_DTYPE: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
     """out[M, N] = x @ W^T (+ bias) for the [BLOCK_M, BLOCK_N] tile first_tile + program_id(0) and the
     program_id(1)-th of num_programs(1) runs of K's chunks (see the module docstring; split-K as in
     `triton_kernel._write_result`, with a counter for each of this launch's tiles)."""
