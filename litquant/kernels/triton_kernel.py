@@ -631,9 +631,14 @@ def default_fields_per_dot(bits: int, device: torch.device) -> int:
 def _x_descriptor(x: torch.Tensor, rows: int, block_m: int, fields: int, bits: int) -> Optional[TensorDescriptor]:
     """A TMA descriptor of x [M, K] with [block_m, rows] blocks, where the mma kernel can take one: not before
     sm_90, at one dot a chunk, with x 16-byte aligned; else None (the kernel then loads x itself)."""
-    if _before_hopper(x.device) or fields != 32 // bits or x.data_ptr() % 16 or x.stride(0) * x.element_size() % 16:
+    if _before_hopper(x.device) or fields != 32 // bits or not _tma_aligned(x):
         return None
     return TensorDescriptor.from_tensor(x, [block_m, rows])
+
+
+def _tma_aligned(x: torch.Tensor) -> bool:
+    """Whether x's start and rows are 16-byte aligned, as a TMA descriptor of it needs."""
+    return x.data_ptr() % 16 == 0 and x.stride(0) * x.element_size() % 16 == 0
 
 
 def _wgmma_supports(x: torch.Tensor, bits: int, group_size: int) -> bool:
@@ -850,7 +855,7 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scale_z
                            DEPENDENT=config.dependent, launch_pdl=config.dependent, **flags)
     elif config.path == "wgmma":
         from litquant.kernels import triton_wgmma  # Gluon: imported where it runs
-        if x.data_ptr() % 16 or x.stride(0) * x.element_size() % 16:  # its TMA descriptor's alignment
+        if not _tma_aligned(x):
             x = x.clone(memory_format=torch.contiguous_format)
         triton_wgmma.launch(x, qweight, scale_zero, bias, out, partials, locks, split, bits, group_size,
                             config.block_m, config.block_n, config.num_warps, config.num_stages)

@@ -29,6 +29,7 @@ tile goes through a layout with n contiguous per thread for coalesced stores. Th
 the fp32 tile, a loaded partial and their addresses at once: 255 registers and a few spills there, against 157 for
 the final one (128 x 128).
 """
+from functools import lru_cache
 from typing import Optional, Tuple
 
 import torch
@@ -201,11 +202,17 @@ def stages_and_blocks(bits: int, x_bytes: int, block_m: int, block_n: int, stage
     """The pipeline stages that fit a block's shared memory, up to `stages` (2-bit chunks are 256 rows: 3 at
     128 x 128), and the blocks an SM then holds."""
     stage_bytes = block_m * (32 // bits) * WORDS_PER_CHUNK * x_bytes + block_n * WORDS_PER_CHUNK * 4
-    index = torch.cuda.current_device() if device.index is None else device.index
-    per_block = triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
+    per_block, per_sm = _shared_memory(torch.cuda.current_device() if device.index is None else device.index)
     stages = max(2, min(stages, (per_block - 1024) // stage_bytes))
-    per_sm = torch.cuda.get_device_properties(index).shared_memory_per_multiprocessor
     return stages, max(1, per_sm // (stages * stage_bytes + 1024))
+
+
+@lru_cache(maxsize=None)
+def _shared_memory(index: int) -> Tuple[int, int]:
+    """The shared memory a block may take (opt-in) and an SM holds on GPU `index` (asked of the driver once: every
+    launch needs it)."""
+    per_block = triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
+    return per_block, torch.cuda.get_device_properties(index).shared_memory_per_multiprocessor
 
 
 def tail_split(tiles: int, slots: int, sms: int) -> int:
