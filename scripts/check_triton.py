@@ -130,27 +130,26 @@ def wgmma_variants():
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]]
              for name in pointers + ("N", "K", "stride_om", "stride_split")}
     variants = []
-    for bits, dtype, block_m, block_n, stages, final, bias, group in (
-            (4, "bf16", 128, 128, 4, True, False, 128), (4, "fp16", 64, 128, 4, False, True, -1),
-            (4, "bf16", 256, 128, 3, False, False, 256), (4, "bf16", 128, 256, 4, True, False, 128),
-            (4, "fp16", 64, 256, 4, False, True, 128), (4, "fp16", 128, 256, 4, False, False, -1),
-            (2, "fp16", 128, 128, 3, True, True, 256), (2, "bf16", 64, 128, 4, False, False, -1)):
+    for bits, dtype, block_m, stages, final, bias, group in (
+            (4, "bf16", 128, 4, True, False, 128), (4, "fp16", 64, 4, False, True, -1),
+            (4, "bf16", 256, 3, False, False, 256), (2, "fp16", 128, 3, True, True, 256),
+            (2, "bf16", 64, 4, False, False, -1)):
         rows = 32 // bits * tk.WORDS_PER_CHUNK
         element = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
         x_layout = gl.NVMMASharedLayout.get_default_for([block_m, rows], element)
-        words_layout = gl.NVMMASharedLayout.get_default_for([block_n, tk.WORDS_PER_CHUNK], gl.int32)
+        words_layout = gl.NVMMASharedLayout.get_default_for([128, tk.WORDS_PER_CHUNK], gl.int32)
         signature = dict.fromkeys(kernel.arg_names, "i32")  # the sizes, strides and tile numbers
         signature.update({"x_desc": f"tensordesc<{dtype}[{block_m}, {rows}],{x_layout!r}>",
-                          "words_desc": f"tensordesc<i32[{block_n}, {tk.WORDS_PER_CHUNK}],{words_layout!r}>",
+                          "words_desc": f"tensordesc<i32[128, {tk.WORDS_PER_CHUNK}],{words_layout!r}>",
                           "scale_zero_ptr": "*i32", "bias_ptr": f"*{dtype}" if bias else "constexpr",
                           "out_ptr": f"*{dtype}", "partials_ptr": "*fp32", "locks_ptr": "*i32"})
         constexprs = dict(GROUP_SIZE=tk.NO_GROUP if group == -1 else group, BITS=bits, HAS_BIAS=bias, FINAL=final,
-                          DOT_DTYPE=element, BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8, STAGES=stages)
+                          DOT_DTYPE=element, BLOCK_M=block_m, BLOCK_N=128, GROUP_M=8, STAGES=stages)
         signature.update({name: "constexpr" for name in constexprs})
         if not bias:
             constexprs["bias_ptr"] = None
         variants.append((GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs), 8,
-                         f"bits={bits} {dtype} {block_m}x{block_n} stages={stages} final={final} bias={bias} group={group}"))
+                         f"bits={bits} {dtype} {block_m}x128 stages={stages} final={final} bias={bias} group={group}"))
     return variants
 
 

@@ -717,15 +717,11 @@ def candidate_configs(m: int, n: int, k: int, bits: int, device: torch.device) -
             # Each also with the tiles of its last, partial wave split over K where that fills it better (7B-down
             # at M = 256: 32 tiles of 256 x 128 in 4 runs; 70B-qkv: 132 + 28 tiles of 128 x 128, the 28 in 4).
             from litquant.kernels import triton_wgmma  # Gluon: imported where it runs
-            # 256 weight columns a tile (4 bits): half the shared-memory traffic of x a MAC of 128.
-            tiles_mn = ((128, 128, 4), (64, 128, 4))
-            if bits == 4:
-                tiles_mn += ((128, 256, 4), (64, 256, 4)) + (((256, 128, 3),) if m >= 256 else ())
-            for block_m, block_n, stages in tiles_mn:
-                tiles = -(-m // block_m) * -(-n // block_n)
-                blocks = triton_wgmma.stages_and_blocks(bits, 2, block_m, block_n, stages, device)[1]
+            for block_m, stages in ((128, 4), (64, 4)) + (((256, 3),) if m >= 256 and bits == 4 else ()):
+                tiles = -(-m // block_m) * -(-n // 128)
+                blocks = triton_wgmma.stages_and_blocks(bits, 2, block_m, 128, stages, device)[1]
                 split = triton_wgmma.tail_split(tiles, sms * blocks, sms)
-                configs += [KernelConfig("wgmma", block_n=block_n, block_m=block_m, split_k=s, num_warps=8,
+                configs += [KernelConfig("wgmma", block_n=128, block_m=block_m, split_k=s, num_warps=8,
                                          num_stages=stages) for s in sorted({1, split})]
         for block_m, block_n, warps, stages, descriptor in shapes:
             tiles = -(-n // block_n) * -(-m // block_m)

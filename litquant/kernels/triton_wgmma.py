@@ -12,11 +12,10 @@ IN_FLIGHT (4) fields before it do:
               4th, wait until only the last 4 are in flight (freeing the registers of the ones before);
               after the first such wait chunk c - 1 is done: refill its stage with chunk c - 1 + STAGES.
 
-Tiles of 256 weight columns (4 bits) halve what an SM reads of x per MAC against 128. That matters: x is 2 bytes
-an element against the weights' half byte, and at 128 x 128 every SM reads 40 KB of x and words a chunk from L2,
-which on an H200 caps the kernel near 5 TB/s of L2 traffic at M = 256, 55-60 % of the tensor cores' rate.
+Against one wait a chunk (chunk c's wgmmas issued, then a wait for chunk c - 1's: two register sets), this frees
+19 registers and gave 2-8 % on an H200 at M = 256 and 1024 (benchmarks/results/2026-12-02-triton-wgmma-in-flight.md).
 
-The layouts (one warpgroup = 4 warps per 64 weight columns, n below, repeated for the next 64 of a 256 tile):
+The layouts (one warpgroup = 4 warps per 64 weight columns, n below):
 - acc [BLOCK_N, BLOCK_M] fp32 in the wgmma accumulator layout (`NVMMADistributedLayout` v3): out^T, as in the mma
   path, so the dequantized weights are the register operand A and x the shared-memory operand B.
 - the words [BLOCK_N, 16] of a chunk are loaded from shared memory straight into the layout of a [BLOCK_N, 16] A
@@ -30,9 +29,9 @@ The layouts (one warpgroup = 4 warps per 64 weight columns, n below, repeated fo
 Scope: sm_90, bits 2 and 4 (fields a power of two, codes that fit bf16's mantissa), groups of whole chunks (or
 none), no act_order gather (x is permuted before; the launch does it). Other cases take `_mma_kernel`. Split-K
 (only the tiles of the last, partial wave, in a second launch: `tail_split`) sums as `_mma_kernel` does. The output
-tile goes through a layout with n contiguous per thread for coalesced stores. Registers (ptxas, triton 3.6): 140
-at 128 x 128 and 252 at 128 x 256 for the final tile; 170 and 255 with 16 bytes of spills where the split
-epilogue holds the fp32 tile, a loaded partial and their addresses at once.
+tile goes through a layout with n contiguous per thread for coalesced stores. Registers (ptxas, triton 3.6, 128 x
+128): 140 for the final tile, 170 where the split epilogue holds the fp32 tile, a loaded partial and their addresses
+at once (256 x 128: 201, and 255 with 16 bytes of spills there).
 """
 from functools import lru_cache
 from typing import Optional, Tuple
