@@ -5,11 +5,15 @@ wgmmas of chunk c - 1 run.
 weight operand, and the next chunk's dequantization must wait until every wgmma that reads them is done (its
 `WAIT_FOR_WGMMAS`). A warpgroup then alternates between dequantizing (ALU) and waiting for the tensor cores, and at
 one block an SM (M = 256 on most Llama-2 layers) the tensor cores idle a third of the time. Gluon gives the
-layouts and the waits to the kernel, so here the chunks alternate between two sets of registers:
+layouts and the waits to the kernel, so here the dequantization of each field runs while the wgmmas of the
+IN_FLIGHT (4) fields before it do:
 
-    chunk c:  wait for stage c's TMA, dequantize into set c % 2, issue its wgmmas (async),
-              wait until only those are in flight (so chunk c - 1's, on the other set, are done),
-              refill chunk c - 1's stage with chunk c - 1 + STAGES.
+    chunk c:  wait for stage c's TMA; for each field j: dequantize it, issue its wgmma (async), and after every
+              4th, wait until only the last 4 are in flight (freeing the registers of the ones before);
+              after the first such wait chunk c - 1 is done: refill its stage with chunk c - 1 + STAGES.
+
+Against one wait a chunk (chunk c's wgmmas issued, then a wait for chunk c - 1's: two register sets), this frees
+19 registers and gave 2-8 % on an H200 at M = 256 and 1024 (benchmarks/results/2026-12-02-triton-wgmma-in-flight.md).
 
 The layouts (one warpgroup = 4 warps per 64 weight columns, n below):
 - acc [BLOCK_N, BLOCK_M] fp32 in the wgmma accumulator layout (`NVMMADistributedLayout` v3): out^T, as in the mma
@@ -25,9 +29,9 @@ The layouts (one warpgroup = 4 warps per 64 weight columns, n below):
 Scope: sm_90, bits 2 and 4 (fields a power of two, codes that fit bf16's mantissa), groups of whole chunks (or
 none), no act_order gather (x is permuted before; the launch does it). Other cases take `_mma_kernel`. Split-K
 (only the tiles of the last, partial wave, in a second launch: `tail_split`) sums as `_mma_kernel` does. The output
-tile goes through a layout with n contiguous per thread for coalesced stores. The non-final (split) epilogue holds
-the fp32 tile, a loaded partial and their addresses at once: 255 registers and a few spills there, against 157 for
-the final one (128 x 128).
+tile goes through a layout with n contiguous per thread for coalesced stores. Registers (ptxas, triton 3.6, 128 x
+128): 140 for the final tile, 170 where the split epilogue holds the fp32 tile, a loaded partial and their addresses
+at once (256 x 128: 201, and 255 with 16 bytes of spills there).
 """
 from functools import lru_cache
 from typing import Optional, Tuple
@@ -91,11 +95,12 @@ def _group_params(scale_zero_ptr, i, first, count, offs_n, n_mask, N, ROWS: gl.c
 def _chunk(acc, params, i, first, count, x_desc, words_desc, x_smem, words_smem, ready, scale_zero_ptr, m0, n0,
            offs_n, n_mask, N, BITS: gl.constexpr, GROUP_SIZE: gl.constexpr, DOT_DTYPE: gl.constexpr,
            STAGES: gl.constexpr):
-    """acc += W_c x_c^T for the program's i-th chunk c, its wgmmas left in flight; returns acc and the group
-    parameters of its (i + 2)-th."""
+    """acc += W_c x_c^T for the program's i-th chunk c, its last IN_FLIGHT wgmmas left in flight; returns acc and
+    the group parameters of its (i + 2)-th."""
     VALUES: gl.constexpr = 32 // BITS
     ROWS: gl.constexpr = VALUES * WORDS
     MAGIC: gl.constexpr = 128 if DOT_DTYPE == gl.bfloat16 else 1024
+    IN_FLIGHT: gl.constexpr = 4  # fields whose wgmmas run while the next are dequantized
     stage = i % STAGES
     ahead = _group_params(scale_zero_ptr, i + 2, first, count, offs_n, n_mask, N, ROWS, GROUP_SIZE)
     mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
@@ -106,10 +111,13 @@ def _chunk(acc, params, i, first, count, x_desc, words_desc, x_smem, words_smem,
     for j in gl.static_range(VALUES):
         weights = _field(words, j, BITS, s, minus_b, DOT_DTYPE)
         acc = warpgroup_mma(weights, x.slice(j * WORDS, WORDS, dim=1).permute((1, 0)), acc, is_async=True)
-    # Only this chunk's wgmmas may still run: the previous one's registers and stage are free.
-    acc = warpgroup_mma_wait(num_outstanding=VALUES, deps=[acc])
-    _block_barrier()  # both warpgroups are past the previous chunk before its stage is refilled
-    _fetch(x_desc, words_desc, x_smem, words_smem, ready, i - 1 + STAGES, first, count, m0, n0, N, ROWS, STAGES)
+        if j % IN_FLIGHT == IN_FLIGHT - 1:
+            # Only the last IN_FLIGHT fields' wgmmas may still run: the registers of the ones before are free.
+            acc = warpgroup_mma_wait(num_outstanding=IN_FLIGHT, deps=[acc])
+            if j == IN_FLIGHT - 1:  # the previous chunk is done: both warpgroups past it, refill its stage
+                _block_barrier()
+                _fetch(x_desc, words_desc, x_smem, words_smem, ready, i - 1 + STAGES, first, count, m0, n0, N, ROWS,
+                       STAGES)
     return acc, ahead
 
 
@@ -150,7 +158,7 @@ def _wgmma_kernel(x_desc, words_desc, scale_zero_ptr, bias_ptr, out_ptr, partial
     params_even = _group_params(scale_zero_ptr, 0, first, count, offs_n, n_mask, N, ROWS, GROUP_SIZE)
     params_odd = _group_params(scale_zero_ptr, 1, first, count, offs_n, n_mask, N, ROWS, GROUP_SIZE)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
-    # Two chunks a trip: the even chunk's weights and the odd chunk's are distinct registers (see the docstring).
+    # Two chunks a trip: each loads the group parameters of the chunk two ahead into its own registers.
     for i in range(0, count - 1, 2):
         acc, params_even = _chunk(acc, params_even, i, first, count, x_desc, words_desc, x_smem, words_smem,
                                   ready, scale_zero_ptr, m0, n0, offs_n, n_mask, N, BITS, GROUP_SIZE, DOT_DTYPE,
