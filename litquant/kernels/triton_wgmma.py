@@ -13,7 +13,8 @@ IN_FLIGHT (4) fields before it do:
               after the first such wait chunk c - 1 is done: refill its stage with chunk c - 1 + STAGES.
 
 Against one wait a chunk (chunk c's wgmmas issued, then a wait for chunk c - 1's: two register sets), this frees
-19 registers and gave 2-8 % on an H200 at M = 256 and 1024 (benchmarks/results/2026-12-02-triton-wgmma-in-flight.md).
+19 registers and was 1-3 % faster on an H200 at M = 256 and 1024, settled, in one process
+(benchmarks/results/2026-12-02-triton-wgmma-in-flight.md).
 
 The layouts (one warpgroup = 4 warps per 64 weight columns, n below):
 - acc [BLOCK_N, BLOCK_M] fp32 in the wgmma accumulator layout (`NVMMADistributedLayout` v3): out^T, as in the mma
