@@ -1,5 +1,5 @@
-"""The triton kernel's Hopper path for many rows (sm_90, Gluon): chunk c's weights are dequantized while the
-wgmmas of chunk c - 1 run.
+"""The triton kernel's Hopper path for many rows (sm_90, Gluon): each field's weights are dequantized while the
+wgmmas of the fields before it run.
 
 `triton_kernel._mma_kernel` cannot do that in Triton's tile language: its dot takes one set of registers as the
 weight operand, and the next chunk's dequantization must wait until every wgmma that reads them is done (its
@@ -102,6 +102,7 @@ def _chunk(acc, params, i, first, count, x_desc, words_desc, x_smem, words_smem,
     ROWS: gl.constexpr = VALUES * WORDS
     MAGIC: gl.constexpr = 128 if DOT_DTYPE == gl.bfloat16 else 1024
     IN_FLIGHT: gl.constexpr = 4  # fields whose wgmmas run while the next are dequantized
+    gl.static_assert(VALUES % IN_FLIGHT == 0, "a chunk's fields come in whole runs of IN_FLIGHT")
     stage = i % STAGES
     ahead = _group_params(scale_zero_ptr, i + 2, first, count, offs_n, n_mask, N, ROWS, GROUP_SIZE)
     mbarrier.wait(ready.index(stage), (i // STAGES) & 1)
