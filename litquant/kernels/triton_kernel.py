@@ -32,8 +32,8 @@ Paths, picked per (device, dtype, N, K, M bucket) by timing the candidates once 
              side by side in registers (`_fields_side_by_side`), on sm_80 one K = 16 dot a field; split-K when
              the tiles alone do not fill the GPU, grouped tile order for L2 reuse at large M.
     wgmma    sm_90, M > 64, 2/4-bit codes in groups of whole chunks: the same product in Gluon
-             (`triton_wgmma`), which dequantizes chunk c into one of two register sets while chunk c - 1's
-             wgmmas read the other (the tile language cannot keep two sets for a dot operand; see there).
+             (`triton_wgmma`), which dequantizes each field while the wgmmas of the 4 before it run (the tile
+             language waits for a dot's wgmmas before the next dequantization; see there).
     dequant  `_dequant_kernel` writes the whole weight in the activation dtype (one [BLOCK_N, ROWS] tile per
              chunk), then cuBLAS: for large, compute-bound M.
     Split-K partial sums go to an fp32 buffer [SPLIT_K, M, N]; the last program of each output tile to finish
