@@ -151,11 +151,9 @@ def weight_bytes(name: str, k: int, n: int, bits: int, group_size: int, dtype: t
     return k * n * bits // 8 + -(-k // group) * n * per_group
 
 
-def time_calls(fns: List[Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor,
-               replays: int = 10, settle_s: float = 0.0) -> Tuple[float, str]:
-    """Median seconds per call, rotating over `fns`, replayed from a CUDA graph (or eagerly if capture fails),
-    after `settle_s` seconds of untimed replays."""
-    for fn in fns:  # warm up: compile, autotune, allocate
+def pass_seconds(fns: List[Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor) -> float:
+    """Seconds of one eager pass over `fns`, after an untimed one (compile, autotune, allocate)."""
+    for fn in fns:
         fn(x)
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -164,7 +162,14 @@ def time_calls(fns: List[Callable[[torch.Tensor], torch.Tensor]], x: torch.Tenso
         fn(x)
     end.record()
     torch.cuda.synchronize()
-    estimate = start.elapsed_time(end) * 1e-3 / len(fns)
+    return start.elapsed_time(end) * 1e-3
+
+
+def time_calls(fns: List[Callable[[torch.Tensor], torch.Tensor]], x: torch.Tensor,
+               replays: int = 10, settle_s: float = 0.0) -> Tuple[float, str]:
+    """Median seconds per call, rotating over `fns`, replayed from a CUDA graph (or eagerly if capture fails),
+    after `settle_s` seconds of untimed replays."""
+    estimate = pass_seconds(fns, x) / len(fns)
     rounds = max(1, min(200, math.ceil(MIN_REPLAY_S / max(estimate, 1e-7) / len(fns))))
     calls = rounds * len(fns)
 

@@ -7,7 +7,7 @@ kernel launches that `litquant.kernels.triton_kernel.launch` makes for every pat
 activation dtype, zero points or not, act_order or not and every candidate config of a few M, without running them,
 and compiles a covering subset of them (`covering`) for both GPUs with Triton's own compiler. The Gluon kernel of the
 wgmma path (`litquant.kernels.triton_wgmma`, sm_90 only, which the interpreter cannot run) is compiled at each of its
-tile shapes, bit widths, dtypes, with and without split-K and a bias (`wgmma_variants`).
+tile shapes, bit widths, dtypes, with runs shared out or not, with and without a bias (`wgmma_variants`).
 
     python scripts/check_triton.py
 """
@@ -119,7 +119,8 @@ def covering(launches):
 
 def wgmma_variants():
     """(source, num_warps) of the Gluon wgmma kernel for every tile shape the tuner offers, at 2 and 4 bits, both
-    dtypes; split-K, a bias and no groups on some, so that each choice is compiled at least once."""
+    dtypes; runs shared out (split-K and stream-K), a bias and no groups on some, so that each choice is compiled
+    at least once."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -128,12 +129,12 @@ def wgmma_variants():
     kernel = triton_wgmma._wgmma_kernel
     pointers = ("scale_zero_ptr", "out_ptr", "partials_ptr", "locks_ptr")
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]]
-             for name in pointers + ("N", "K", "stride_om", "stride_split")}
+             for name in pointers + ("N", "K", "stride_om")}
     variants = []
-    for bits, dtype, block_m, stages, final, bias, group in (
-            (4, "bf16", 128, 4, True, False, 128), (4, "fp16", 64, 4, False, True, -1),
-            (4, "bf16", 256, 3, False, False, 256), (2, "fp16", 128, 3, True, True, 256),
-            (2, "bf16", 64, 4, False, False, -1)):
+    for bits, dtype, block_m, stages, shared_out, bias, group in (
+            (4, "bf16", 128, 4, False, False, 128), (4, "fp16", 64, 4, True, True, -1),
+            (4, "bf16", 256, 3, True, False, 256), (4, "fp16", 256, 3, False, True, 128),
+            (2, "fp16", 128, 3, True, True, 256), (2, "bf16", 64, 4, False, False, -1)):
         rows = 32 // bits * tk.WORDS_PER_CHUNK
         element = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
         x_layout = gl.NVMMASharedLayout.get_default_for([block_m, rows], element)
@@ -143,13 +144,15 @@ def wgmma_variants():
                           "words_desc": f"tensordesc<i32[128, {tk.WORDS_PER_CHUNK}],{words_layout!r}>",
                           "scale_zero_ptr": "*i32", "bias_ptr": f"*{dtype}" if bias else "constexpr",
                           "out_ptr": f"*{dtype}", "partials_ptr": "*fp32", "locks_ptr": "*i32"})
-        constexprs = dict(GROUP_SIZE=tk.NO_GROUP if group == -1 else group, BITS=bits, HAS_BIAS=bias, FINAL=final,
-                          DOT_DTYPE=element, BLOCK_M=block_m, BLOCK_N=128, GROUP_M=8, STAGES=stages)
+        constexprs = dict(GROUP_SIZE=tk.NO_GROUP if group == -1 else group, BITS=bits, HAS_BIAS=bias,
+                          DOT_DTYPE=element, BLOCK_M=block_m, BLOCK_N=128, GROUP_M=8, STAGES=stages,
+                          SHARED_OUT=shared_out)
         signature.update({name: "constexpr" for name in constexprs})
         if not bias:
             constexprs["bias_ptr"] = None
         variants.append((GluonASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs), 8,
-                         f"bits={bits} {dtype} {block_m}x128 stages={stages} final={final} bias={bias} group={group}"))
+                         f"bits={bits} {dtype} {block_m}x128 stages={stages} shared_out={shared_out} bias={bias} "
+                         f"group={group}"))
     return variants
 
 

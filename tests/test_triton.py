@@ -290,6 +290,8 @@ GPU_PATHS = {
     "dequant": (tk.KernelConfig("dequant"), (333, 4096)),
     "wgmma": (tk.KernelConfig("wgmma", block_n=128, block_m=128, num_warps=8, num_stages=4), (333, 4096)),
     "wgmma-split": (tk.KernelConfig("wgmma", block_n=128, block_m=256, split_k=3, num_warps=8, num_stages=3), (333,)),
+    "wgmma-stream-k": (tk.KernelConfig("wgmma", block_n=128, block_m=256, num_warps=8, num_stages=3, stream_k=True),
+                       (333,)),
 }
 
 
@@ -338,17 +340,18 @@ WGMMA_CASES = {  # name: (in_features, out_features, bits, group_size, act_order
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="the wgmma path is for sm_90")
-@pytest.mark.parametrize("tile", [(128, 4, 1), (64, 4, 1), (256, 3, 1), (128, 4, 3)],
-                         ids=lambda t: f"{t[0]}rows-{t[1]}stages-{t[2]}splits")
+@pytest.mark.parametrize("tile", [(128, 4, 1, False), (64, 4, 1, False), (256, 3, 1, False), (128, 4, 3, False),
+                                  (128, 4, 1, True)],
+                         ids=lambda t: f"{t[0]}rows-{t[1]}stages-{t[2]}splits{'-stream-k' if t[3] else ''}")
 @pytest.mark.parametrize("case", WGMMA_CASES)
 def test_wgmma_path_gpu(case, tile):
-    """The Gluon wgmma path at the shapes and formats it takes, both dtypes, split over K or not, a bias, and an x
-    whose rows are not 16-byte aligned (the launch copies it for the TMA descriptor)."""
+    """The Gluon wgmma path at the shapes and formats it takes, both dtypes, split over K, stream-K or neither, a bias,
+    and an x whose rows are not 16-byte aligned (the launch copies it for the TMA descriptor)."""
     k, n, bits, group_size, act_order, zero_point = WGMMA_CASES[case]
     if bits == 2 and tile[0] == 256:
         pytest.skip("two stages of 256 x 256 bf16 x do not fit an SM's shared memory (not a candidate at 2 bits)")
-    config = tk.KernelConfig("wgmma", block_n=128, block_m=tile[0], split_k=tile[2], num_warps=8,
-                             num_stages=tile[1])
+    config = tk.KernelConfig("wgmma", block_n=128, block_m=tile[0], num_warps=8, num_stages=tile[1],
+                             split_k=tile[2], stream_k=tile[3])
     qw = random_quantized(k, n, bits, group_size, act_order, zero_point, device=torch.device("cuda"))
     check_against_references(qw, config, torch.bfloat16, ms=(65, 333))
     check_against_references(qw, config, torch.float16, ms=(256,))
@@ -363,17 +366,28 @@ def test_wgmma_path_gpu(case, tile):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                     reason="the wgmma path is for sm_90")
-def test_wgmma_splits_only_the_last_wave_gpu():
-    """More tiles than an SM holds blocks: whole waves run unsplit, the last wave's tiles split over K (a second
-    launch); its split-K counters are left zeroed."""
-    qw = random_quantized(1024, 10240, 4, 128, act_order=False, zero_point=True, device=torch.device("cuda"))
+@pytest.mark.parametrize("k, n, m, block_m, split", [(4096, 10240, 256, 128, 0), (4096, 10240, 512, 256, 0),
+                                                     (4096, 10240, 256, 128, 4), (8192, 10240, 256, 256, 0),
+                                                     (4096, 1000, 65, 128, 0)],
+                         ids=["160-tiles", "160-tiles-256rows", "160-tiles-split", "80-tiles-unaligned",
+                              "8-tiles-aligned"])
+def test_wgmma_shared_out_gpu(k, n, m, block_m, split):
+    """Whole tiles in rounds of the SMs, then the last round's chunks shared out, a tile's parts summed by whichever
+    of its sharers comes last: stream-K (split 0) or each tile of that round in `split` runs. 160 tiles: a round and
+    28 tiles; 80 tiles of 64 chunks: shares of 38-39 chunks that straddle tiles; 8 tiles of 32 chunks: shares of 8
+    that start together, so that any of a tile's four may come last. The sums run in a fixed order: repeated calls
+    agree bit for bit; the split-K counters are left zeroed."""
+    qw = random_quantized(k, n, 4, 128, act_order=False, zero_point=True, device=torch.device("cuda"))
     packed = tk.repack(qw)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for block_m, m in ((128, 256), (256, 512)):  # 2 x 80 tiles of 128 columns: a wave and a part
-        config = tk.KernelConfig("wgmma", block_n=128, block_m=block_m, split_k=4, num_warps=8, num_stages=3)
-        assert sms < 160 < 2 * sms
-        check_against_references(qw, config, torch.bfloat16, ms=(m,))
-        assert not packed.locks.any()
+    config = tk.KernelConfig("wgmma", block_n=128, block_m=block_m, num_warps=8, num_stages=3, split_k=max(split, 1),
+                             stream_k=split == 0)
+    check_against_references(qw, config, torch.bfloat16, ms=(m,))
+    assert not packed.locks.any()
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    first = tk.quant_matmul(x, packed, config=config)
+    for _ in range(20):
+        assert torch.equal(tk.quant_matmul(x, packed, config=config), first)
+    assert not packed.locks.any()
 
 
 @pytest.mark.gpu

@@ -33,7 +33,8 @@ Paths, picked per (device, dtype, N, K, M bucket) by timing the candidates once 
              the tiles alone do not fill the GPU, grouped tile order for L2 reuse at large M.
     wgmma    sm_90, M > 64, 2/4-bit codes in groups of whole chunks: the same product in Gluon
              (`triton_wgmma`), which dequantizes each field while the wgmmas of the 4 before it run (the tile
-             language waits for a dot's wgmmas before the next dequantization; see there).
+             language waits for a dot's wgmmas before the next dequantization; see there); the tiles of a last,
+             partial round of the SMs split over K or shared out stream-K, in the same launch.
     dequant  `_dequant_kernel` writes the whole weight in the activation dtype (one [BLOCK_N, ROWS] tile per
              chunk), then cuBLAS: for large, compute-bound M.
     Split-K partial sums go to an fp32 buffer [SPLIT_K, M, N]; the last program of each output tile to finish
@@ -55,6 +56,7 @@ Paths, picked per (device, dtype, N, K, M bucket) by timing the candidates once 
 import logging
 import os
 import statistics
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -592,18 +594,20 @@ class KernelConfig:
     path: str  # "gemv", "mma", "wgmma" (Hopper, `triton_wgmma`) or "dequant"
     block_n: int = 128
     block_m: int = 16
-    split_k: int = 1  # wgmma: the split of the last, partial wave's tiles (`triton_wgmma.launch`)
+    split_k: int = 1  # runs of K's chunks a tile (wgmma: a tile of the last, partial round), summed by the last
     num_warps: int = 4
     num_stages: int = 2
     fields_per_dot: Optional[int] = None  # mma: F of `_mma_kernel`; None: `default_fields_per_dot`
     x_descriptor: bool = False  # mma: x through a TMA descriptor where `_x_descriptor` can make one
     dependent: bool = False  # gemv, sm_90 on: launched as a programmatic dependent (see `_gemv_kernel`)
+    stream_k: bool = False  # wgmma: the last round's chunks shared out over all SMs (`triton_wgmma.launch`)
 
 
 GEMV_MAX_M = 4
 TUNING_ROUNDS = 2
 TUNING_CALLS = 8  # calls per timed graph replay, at least
 TUNING_MAX_COPIES = 64  # of the weight while tuning (a layer that small is latency bound anyway)
+TUNING_SETTLE_S = 0.5  # of replays before timing the candidates for M >= DEQUANT_MIN_M (see `choose_config`)
 DEQUANT_MIN_M = 256
 WGMMA_BITS = (2, 4)  # the wgmma path's: fields a power of two, codes that fit bf16's mantissa
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
@@ -714,15 +718,19 @@ def candidate_configs(m: int, n: int, k: int, bits: int, device: torch.device) -
         if not _before_hopper(device):
             shapes += [(128, 128, 4, 3, True), (128, 128, 8, 2, True)] + ([(256, 128, 8, 3, True)] if m >= 256 else [])
         if _hopper(device) and bits in WGMMA_BITS:
-            # Each also with the tiles of its last, partial wave split over K where that fills it better (7B-down
-            # at M = 256: 32 tiles of 256 x 128 in 4 runs; 70B-qkv: 132 + 28 tiles of 128 x 128, the 28 in 4).
+            # Each also with the tiles of its last, partial round split over K where that fills it better (7B-down
+            # at M = 256: 32 tiles of 256 x 128 in 4 runs; 70B-qkv: 132 + 28 tiles of 128 x 128, the 28 in 4), and
+            # stream-K (70B-qkv at M = 256: 80 tiles of 256 x 128 over 132 SMs, 7.7% faster than the best of the
+            # others; benchmarks/results/2026-12-02-wgmma-stream-k.md).
             from litquant.kernels import triton_wgmma  # Gluon: imported where it runs
             for block_m, stages in ((128, 4), (64, 4)) + (((256, 3),) if m >= 256 and bits == 4 else ()):
                 tiles = -(-m // block_m) * -(-n // 128)
-                blocks = triton_wgmma.stages_and_blocks(bits, 2, block_m, 128, stages, device)[1]
-                split = triton_wgmma.tail_split(tiles, sms * blocks, sms)
-                configs += [KernelConfig("wgmma", block_n=128, block_m=block_m, split_k=s, num_warps=8,
-                                         num_stages=stages) for s in sorted({1, split})]
+                slots = sms * triton_wgmma.stages_and_blocks(bits, 2, block_m, 128, stages, device)[1]
+                wgmma = dict(block_n=128, block_m=block_m, num_warps=8, num_stages=stages)
+                configs += [KernelConfig("wgmma", split_k=s, **wgmma)
+                            for s in sorted({1, triton_wgmma.tail_split(tiles, slots, sms)})]
+                if tiles % slots:
+                    configs.append(KernelConfig("wgmma", stream_k=True, **wgmma))
         for block_m, block_n, warps, stages, descriptor in shapes:
             tiles = -(-n // block_n) * -(-m // block_m)
             split = 1 if tiles >= sms else splits(tiles)[0]
@@ -793,6 +801,18 @@ def choose_config(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tens
         with torch.cuda.graph(graphs[config]):
             for weight in weights:
                 launch(config, x, weight, scale_zero, perm, bias, locks, bits, group_size, out)
+    if m >= DEQUANT_MIN_M:
+        # Products this large run an H200 at its power cap within a second of a long prefill (its SM clock from
+        # 1.98 GHz down to 1.3-1.8), and the ranking of close configs can change there (70B-qkv at M = 256: 128 x
+        # 128 tiles split 4 ways beat 256 x 128 unsplit in bursts from idle, 80.5 against 81.1 us, and lost with
+        # each config settled on its own, 84.9 against 82.3; benchmarks/results/2026-12-02-wgmma-stream-k.md). So
+        # they are timed near the cap, reached by replaying all of them in turn first. (Not measured apart from
+        # the stream-K change it came with.)
+        until = time.perf_counter() + TUNING_SETTLE_S
+        while time.perf_counter() < until:
+            for graph in graphs.values():
+                graph.replay()
+            torch.cuda.synchronize()
     times = {}
     for _ in range(TUNING_ROUNDS):
         for config, graph in graphs.items():
@@ -801,7 +821,7 @@ def choose_config(x: torch.Tensor, qweight: torch.Tensor, scale_zero: torch.Tens
     _TUNED[key] = min(times, key=times.get)
     log.debug("tuned M<=%d N=%d K=%d %s: %s", m_bucket(m), n, k, x.dtype, "; ".join(
         f"{c.path} bn={c.block_n} bm={c.block_m} split={c.split_k} w={c.num_warps} st={c.num_stages}"
-        f"{' tma' if c.x_descriptor else ''}{' pdl' if c.dependent else ''} "
+        f"{' tma' if c.x_descriptor else ''}{' pdl' if c.dependent else ''}{' stream-k' if c.stream_k else ''} "
         f"{t * 1e6:.1f} us" for c, t in sorted(times.items(), key=lambda item: item[1])))
     return _TUNED[key]
 
@@ -834,8 +854,7 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scale_z
     if perm is not None and (m > PERMUTE_X_ABOVE_M or config.x_descriptor or config.path == "wgmma"):
         x, perm = x.index_select(1, perm), None
     # The mma kernel's loop assumes a non-empty run of chunks (see its docstring): at most one split a chunk.
-    # (The wgmma kernel's needs none, but no more splits than chunks are worth running either.)
-    split = config.split_k if config.path == "gemv" else min(config.split_k, -(-k // chunk_rows(bits)))
+    split = {"gemv": config.split_k, "mma": min(config.split_k, -(-k // chunk_rows(bits)))}.get(config.path, 1)
     final = split == 1
     partials = out if final else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     args = (x, qweight, scale_zero, perm, bias, out, partials, locks)
@@ -845,7 +864,7 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scale_z
         grid = (triton.cdiv(n, config.block_n), split, triton.cdiv(m, config.block_m))
     else:
         grid = (triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n), split)
-    if not final and config.path != "wgmma" and grid[0] * (grid[2] if config.path == "gemv" else 1) > locks.numel():
+    if not final and grid[0] * (grid[2] if config.path == "gemv" else 1) > locks.numel():
         raise ValueError(f"{config} for M={m} N={n} splits more output tiles than the {locks.numel()} split-K "
                          f"counters given (see lock_count)")
     even = m % config.block_m == 0 and n % config.block_n == 0 and k % chunk_rows(bits) == 0
@@ -857,8 +876,9 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scale_z
         from litquant.kernels import triton_wgmma  # Gluon: imported where it runs
         if not _tma_aligned(x):
             x = x.clone(memory_format=torch.contiguous_format)
-        triton_wgmma.launch(x, qweight, scale_zero, bias, out, partials, locks, split, bits, group_size,
-                            config.block_m, config.block_n, config.num_warps, config.num_stages)
+        triton_wgmma.launch(x, qweight, scale_zero, bias, out, locks, min(config.split_k, -(-k // chunk_rows(bits))),
+                            config.stream_k, bits, group_size, config.block_m, config.block_n, config.num_warps,
+                            config.num_stages)
     else:
         fields = config.fields_per_dot or default_fields_per_dot(bits, x.device)
         if fields & (fields - 1) or not 1 <= fields <= 32 // bits:
