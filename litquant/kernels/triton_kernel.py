@@ -853,8 +853,10 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scale_z
                          f"{x.device}")
     if perm is not None and (m > PERMUTE_X_ABOVE_M or config.x_descriptor or config.path == "wgmma"):
         x, perm = x.index_select(1, perm), None
-    # The mma kernel's loop assumes a non-empty run of chunks (see its docstring): at most one split a chunk.
-    split = {"gemv": config.split_k, "mma": min(config.split_k, -(-k // chunk_rows(bits)))}.get(config.path, 1)
+    # The mma kernel's loop assumes a non-empty run of chunks (see its docstring): at most one split a chunk (nor
+    # are more worth running on the wgmma path, which splits in its own launch).
+    runs = min(config.split_k, -(-k // chunk_rows(bits)))
+    split = {"gemv": config.split_k, "mma": runs}.get(config.path, 1)
     final = split == 1
     partials = out if final else torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     args = (x, qweight, scale_zero, perm, bias, out, partials, locks)
@@ -876,9 +878,8 @@ def launch(config: KernelConfig, x: torch.Tensor, qweight: torch.Tensor, scale_z
         from litquant.kernels import triton_wgmma  # Gluon: imported where it runs
         if not _tma_aligned(x):
             x = x.clone(memory_format=torch.contiguous_format)
-        triton_wgmma.launch(x, qweight, scale_zero, bias, out, locks, min(config.split_k, -(-k // chunk_rows(bits))),
-                            config.stream_k, bits, group_size, config.block_m, config.block_n, config.num_warps,
-                            config.num_stages)
+        triton_wgmma.launch(x, qweight, scale_zero, bias, out, locks, runs, config.stream_k, bits, group_size,
+                            config.block_m, config.block_n, config.num_warps, config.num_stages)
     else:
         fields = config.fields_per_dot or default_fields_per_dot(bits, x.device)
         if fields & (fields - 1) or not 1 <= fields <= 32 // bits:
