@@ -170,6 +170,7 @@ def time_calls(fns: List[Callable[[torch.Tensor], torch.Tensor]], x: torch.Tenso
     """Median seconds per call, rotating over `fns`, replayed from a CUDA graph (or eagerly if capture fails),
     after `settle_s` seconds of untimed replays."""
     estimate = pass_seconds(fns, x) / len(fns)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     rounds = max(1, min(200, math.ceil(MIN_REPLAY_S / max(estimate, 1e-7) / len(fns))))
     calls = rounds * len(fns)
 
@@ -208,6 +209,39 @@ def time_calls(fns: List[Callable[[torch.Tensor], torch.Tensor]], x: torch.Tenso
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) * 1e-3 / calls)
     return statistics.median(times), method
+
+
+def alternate(variants: Dict[str, List[Callable[[torch.Tensor], torch.Tensor]]], x: torch.Tensor,
+              settle_s: float = 0.5, turns: int = 40) -> Dict[str, float]:
+    """Median us a call of each variant (a list of calls), all their graphs replayed in turn for `settle_s`, then
+    `turns` more turns each replay timed by events: every variant runs at the same (power-capped) clock, which is
+    fair between them, not against a kernel timed alone."""
+    graphs, calls = {}, {}
+    for name, fns in variants.items():
+        repeats = max(1, math.ceil(1e-3 / pass_seconds(fns, x)))
+        calls[name] = repeats * len(fns)
+        graphs[name] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[name]):
+            for _ in range(repeats):
+                for fn in fns:
+                    fn(x)
+    until = time.perf_counter() + settle_s
+    while time.perf_counter() < until:
+        for graph in graphs.values():
+            graph.replay()
+        torch.cuda.synchronize()
+    times = {name: [] for name in graphs}
+    for _ in range(turns):
+        events = {}
+        for name, graph in graphs.items():
+            events[name] = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            events[name][0].record()
+            graph.replay()
+            events[name][1].record()
+        torch.cuda.synchronize()
+        for name, (start, end) in events.items():
+            times[name].append(start.elapsed_time(end) * 1e3 / calls[name])
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def save(result: dict, out_dir: Path) -> None:

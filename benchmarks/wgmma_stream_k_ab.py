@@ -11,16 +11,14 @@ each replay timed by events: every config runs at the same (power-capped) clock,
 quantized configs; cuBLAS then runs at a clock that its own calls would lower (compare it in a settled table).
 Medians in us a call. Results: benchmarks/results/2026-12-02-wgmma-stream-k.md."""
 import math
-import statistics
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, ".")
 import _main_wgmma  # noqa: E402
-from kernels import L2_MULTIPLE, SHAPES, build_litquant, build_peer, pass_seconds  # noqa: E402
+from kernels import L2_MULTIPLE, SHAPES, alternate, build_litquant, build_peer  # noqa: E402
 import litquant.kernels.triton_kernel as tk  # noqa: E402
 
 dev = torch.device("cuda")
@@ -41,36 +39,6 @@ def main_call(w, block_m, split):
                            3 if block_m == 256 else 4)
         return out
     return call
-
-
-def alternate(variants, x, settle_s=0.5, turns=40):
-    """Median us a call of each variant, its graph replayed in turn with the others' (see the module docstring)."""
-    graphs, calls = {}, {}
-    for name, fns in variants.items():
-        repeats = max(1, math.ceil(1e-3 / pass_seconds(fns, x)))
-        calls[name] = repeats * len(fns)
-        graphs[name] = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graphs[name]):
-            for _ in range(repeats):
-                for fn in fns:
-                    fn(x)
-    until = time.perf_counter() + settle_s
-    while time.perf_counter() < until:
-        for graph in graphs.values():
-            graph.replay()
-        torch.cuda.synchronize()
-    times = {name: [] for name in graphs}
-    for _ in range(turns):
-        events = {}
-        for name, graph in graphs.items():
-            events[name] = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            events[name][0].record()
-            graph.replay()
-            events[name][1].record()
-        torch.cuda.synchronize()
-        for name, (start, end) in events.items():
-            times[name].append(start.elapsed_time(end) * 1e3 / calls[name])
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 for shape in shapes:

@@ -47,7 +47,7 @@
 // Work split (see `plan_wgmma`): a layer whose tiles, cut into a few k splits, fill the SMs is split
 // along K, the splits' fp32 partial sums added up by a second kernel (with the bias); any other layer
 // runs on one block per SM, each taking whole tiles and then an equal share of the remaining tiles' k
-// stages ("stream-K"), so that no wave runs part-empty. The output goes through shared memory, to be
+// stages ("stream-K"), so that no wave runs part-empty, unless the last round of whole tiles is nearly full. The output goes through shared memory, to be
 // written in full 16-byte rows.
 #include <cuda.h>  // CUtensorMap (the driver function is looked up at run time: no link to libcuda)
 #include <cudaTypedefs.h>
@@ -335,13 +335,15 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
   float acc[C::kAcc];  // written first by the wgmmas of a run's first stage, which do not accumulate
 
   auto issue = [&](int slot, const Fragments& a, bool first) {
-    const uint32_t x_tile = smem_address(smem + slot * C::kStage);
+    // The k16 steps' descriptors are the stage's plus 32 bytes each (2 in the descriptor's 16-byte units: the
+    // address field cannot carry over, as shared addresses stay below 2^18). Adding to one descriptor, and
+    // taking the previous step's slot from this one's (below), rather than computing each from its address:
+    // 9 fewer instructions in two steps of the main loop, and 1-3% less time at M = 256 and 1024 on an H200
+    // (benchmarks/results/2026-12-02-marlin-wgmma-plan.md).
+    const uint64_t descriptor = swizzled_descriptor(smem_address(smem + slot * C::kStage));
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const uint64_t desc = swizzled_descriptor(x_tile + kk * 32);
-      wgmma_rs<T, BM>(acc, a[kk], desc, !first || kk > 0);
-    }
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs<T, BM>(acc, a[kk], descriptor + 2 * kk, !first || kk > 0);
     wgmma_commit();
   };
 
@@ -380,7 +382,7 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
       wgmma_wait<1>();  // step s - 1's wgmmas are done: its registers and its stage are free
       if (s > 0) {
         fence_proxy_async();  // order this thread's reads of the stage (generic) before its refill (async)
-        arrive_barrier(&empty[(g - 1) % C::kStages]);
+        arrive_barrier(&empty[slot == 0 ? C::kStages - 1 : slot - 1]);
       }
     };
     Fragments a_even, a_odd;  // two register sets, so the loop runs two steps per iteration
@@ -450,6 +452,7 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
     int tile, k_first, stages;
     if (round < work.whole_rounds) {
       tile = blockIdx.x + round * gridDim.x, k_first = 0, stages = work.k_stages;
+      if (tile >= m_tiles * n_tiles) break;  // (whole tiles only: the last round may be partial)
     } else {
       if (unit >= share_end) break;
       tile = first_shared + unit / work.k_stages, k_first = unit % work.k_stages;
@@ -534,7 +537,12 @@ struct WgmmaPlan {
 // against 88-90 stream-K; 7B-down M = 128: 29 against 39); elsewhere stream-K is (same run as the code
 // before it: 70B-qkv M = 256, 80 tiles on 132 SMs, 75.5 us against 98.5; 7B-up M = 256 83 against 105,
 // M = 64 37.5 against 40.4). Stream-K shares the last round of whole tiles plus the remainder, each
-// block's run at least 8 stages.
+// block's run at least 8 stages; but where the last round of whole tiles is at least 90% full, the tiles run
+// whole, in rounds (at most a tenth of the SMs idle in the last one, against the sums that sharing hands
+// between blocks): on an H200, all plans timed in turn at one clock (bf16,
+// benchmarks/results/2026-12-02-marlin-wgmma-plan.md), 7B-qkv M = 1024 (384 tiles) 171 -> 166 us, 7B-down
+// M = 1024 (128 tiles) 155 -> 149, 70B-down M = 512 and 1024 2% less; with fewer than 90%, sharing stays
+// ahead (70B-up M = 1024, 58% full: 1510 against 1545 whole, 7B-qkv M = 256, 73%: 49.8 against 53.5).
 constexpr int block_columns(int bm) { return bm > 128 ? 128 : 256; }
 
 // Rows per block tile: 32 up to M = 32 (70B-qkv at M = 24/32: 28.0 against 30.5 us on 64-row tiles,
@@ -570,6 +578,11 @@ WgmmaPlan plan_wgmma(int M, int K, int N, int sms) {
     return p;
   }
   w.splits = 1;
+  if (10 * (tiles % sms) >= 9 * sms) {  // the last round at least 90% full: whole tiles only
+    w.whole_rounds = (tiles + sms - 1) / sms, w.shared_units = 0, w.units_per_block = 1;
+    p.grid = std::min(tiles, sms), p.shared_tiles = 0;
+    return p;
+  }
   w.whole_rounds = tiles % sms == 0 ? tiles / sms : std::max(tiles / sms - 1, 0);
   p.shared_tiles = tiles - w.whole_rounds * sms;
   w.shared_units = p.shared_tiles * w.k_stages;

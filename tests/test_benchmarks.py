@@ -1,0 +1,23 @@
+"""The kernel benchmark (benchmarks/kernels.py) end to end on one small cell: every kernel asked for is timed, none
+skipped (a harness error shows as a skipped cell, which is how a lost variable once went unnoticed)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.gpu
+def test_gpu_kernel_benchmark_times_every_cell(tmp_path):
+    script = Path(__file__).parent.parent / "benchmarks" / "kernels.py"
+    command = [sys.executable, str(script), "--out-dir", str(tmp_path), "--shapes", "7B-qkv", "--m", "1,256",
+               "--kernels", "marlin,torch,cublas", "--dtypes", "bf16", "--settle", "0.05"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "kernels.json").read_text())
+    assert result["skipped"] == {}
+    timed = {(row["kernel"], row["M"]) for row in result["rows"]}
+    assert timed == {(kernel, m) for kernel in ("marlin", "torch", "cublas") for m in (1, 256)}
+    assert all(row["us"] > 0 for row in result["rows"])
+    assert "| 256 |" in (tmp_path / "kernels.md").read_text()
