@@ -328,8 +328,8 @@ def test_gpu_groups_of_scale_zero(dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_wgmma_whole_tiles_in_a_nearly_full_round(dtype):
     """11008 x 4096 at M = 1000 and 1024 is 128 tiles of 256 x 128 rows x columns: on an H200 (132 SMs) a round at
-    least 90% full, which `plan_wgmma` runs as whole tiles, one a block (a bias, and rows past M, in the output
-    tile written through stmatrix)."""
+    least 90% full, which `plan_wgmma` runs as whole tiles, one a block in rounds (with a bias; at M = 1000 the
+    last row tile has rows past M)."""
     qw = random_quantized_weight(11008, 4096, 128, sym=False, act_order=False, device="cuda", bias=True)
     check_rows(qw, dtype, (1000, 1024))
 
