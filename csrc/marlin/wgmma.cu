@@ -578,12 +578,12 @@ WgmmaPlan plan_wgmma(int M, int K, int N, int sms) {
     return p;
   }
   w.splits = 1;
-  if (10 * (tiles % sms) >= 9 * sms) {  // the last round at least 90% full: whole tiles only
+  if (tiles % sms == 0 || 10 * (tiles % sms) >= 9 * sms) {  // the last round full or nearly: whole tiles only
     w.whole_rounds = (tiles + sms - 1) / sms, w.shared_units = 0, w.units_per_block = 1;
     p.grid = std::min(tiles, sms), p.shared_tiles = 0;
     return p;
   }
-  w.whole_rounds = tiles % sms == 0 ? tiles / sms : std::max(tiles / sms - 1, 0);
+  w.whole_rounds = std::max(tiles / sms - 1, 0);
   p.shared_tiles = tiles - w.whole_rounds * sms;
   w.shared_units = p.shared_tiles * w.k_stages;
   w.units_per_block = std::max((w.shared_units + sms - 1) / sms, std::min(w.k_stages, 8));
