@@ -30,16 +30,16 @@
 //   on two warpgroups (warpgroup h takes tile h, one m64nBMk16 instruction), as the accumulators of four
 //   would not fit: the same tensor work a stage as two m64n128k16 a warpgroup, half the dequantization per
 //   product (M = 256-512: 2-15% faster, 2026-11-30-wgmma-stream-k.md), for twice the
-//   activation bytes a stage. Stages of 64 k. The activations of a stage, BM rows x 128 bytes, are stored with the 128-byte
-//   swizzle the B descriptor declares (16-byte chunk c of row r at chunk c ^ (r % 8), 1024-byte aligned
-//   atoms of 8 rows), so that the tensor cores read them without bank conflicts; the k16 steps inside
-//   the stage are the descriptor's start address moved by 32 bytes.
-// Pipeline: a ring of stages filled by the copy engine (TMA), four tensor-map copies a stage (the
-//   activations, with the swizzle and zeros past M; the weight words of the four k16 steps; the scale
-//   rows; the zero-point rows), all counted on the stage's "full" mbarrier. Each step dequantizes
-//   its stage's weights into one of two register sets while the previous step's wgmmas still run,
-//   issues its own (4 per warpgroup), waits for the previous ones and releases their stage on its
-//   "empty" mbarrier. On Hopper the kernel is launched as a dependent of the kernel ahead (common.cuh):
+//   activation bytes a stage. Stages of 128 k, in two halves of 64 k. The activations of a half, BM rows x 128
+//   bytes, are stored with the 128-byte swizzle the B descriptor declares (16-byte chunk c of row r at chunk
+//   c ^ (r % 8), 1024-byte aligned atoms of 8 rows), so that the tensor cores read them without bank conflicts;
+//   the k16 steps inside the half are the descriptor's start address moved by 32 bytes.
+// Pipeline: a ring of stages filled by the copy engine (TMA), five tensor-map copies a stage (the two halves
+//   of activations, with the swizzle and zeros past M; the weight words of the eight k16 steps; the scale
+//   rows; the zero-point rows), all counted on the stage's "full" mbarrier. Each half dequantizes its
+//   weights into one of two register sets while the previous half's wgmmas still run, issues its own (4 per
+//   warpgroup) and waits for the previous ones; a stage is released on its "empty" mbarrier once the next
+//   stage's first half is issued. On Hopper the kernel is launched as a dependent of the kernel ahead (common.cuh):
 //   thread 0 fetches the weight words of the block's first stages before it waits for that kernel.
 //   A first version filled the ring with cp.async from every thread; the copies'
 //   address arithmetic, the proxy fence that cp.async data needs before wgmma reads it, and the block
@@ -64,7 +64,14 @@
 namespace litquant_marlin {
 namespace {
 
-constexpr int kWgK = 64;         // k per stage: one 128-byte row of activations
+constexpr int kWgK = 128;        // k per stage: two halves of 64 k, each one 128-byte row of activations
+constexpr int kHalfK = 64;       // k per half stage: one wgmma group of 4 k16 steps
+constexpr int kMinRun = 512 / kWgK;  // stages: the least k a split or a stream-K share takes
+
+// Group rows of scales (and zero points) a stage reads: groups of 32, 64 and 128 k or one group (shift -1).
+__host__ __device__ constexpr int stage_group_rows(int group_shift) {
+  return group_shift < 0 || group_shift >= 7 ? 1 : kWgK >> group_shift;
+}
 constexpr int kGroupM = 8;       // row tiles that sweep the column tiles together (L2 reuse at large M)
 
 // Block tiles (see the top of the file): BM = 32, 64 or 128 rows x 256 columns on four warpgroups, 160 or 256
@@ -75,14 +82,19 @@ struct WgTile {
   static constexpr int kWarpgroups = kThreads / 128;
   static constexpr int kTiles = kWarpgroups;  // 64-column tiles per block
   static constexpr int kWgN = 64 * kTiles;    // output features per block
-  static constexpr int kX = BM * 128;           // bytes of activations per stage
+  static constexpr int kXHalf = BM * 128;      // bytes of activations per half stage (a multiple of 1024)
+  static constexpr int kX = 2 * kXHalf;         // bytes of activations per stage
   static constexpr int kW = kWgK * kWgN / 2;    // bytes of weights per stage: [k16][tile][lane] uint4
   static constexpr int kScaleRow = kWgN * 2;    // bytes of one group row of scales (2 a column)
   static constexpr int kZeroRow = kWgN;         // bytes of one group row of zero points (1 a column)
-  static constexpr int kScales = 2 * kScaleRow;  // room for two group rows (groups of 32)
-  static constexpr int kZeros = 2 * kZeroRow;
+  static constexpr int kScales = 4 * kScaleRow;  // room for four group rows (groups of 32)
+  static constexpr int kZeros = 4 * kZeroRow;
   static constexpr int kStage = (kX + kW + kScales + kZeros + 1023) / 1024 * 1024;  // swizzle atoms: 1024-aligned
-  static constexpr int kStages = (220 * 1024 - 1024) / kStage;  // as many as fit (5 to 12): latency hiding at small M
+  // As many stages as fit the 227 KB a block may take (3 at BM = 256, 4 at 128 and 160, 6 at 64, 8 at 32).
+  static constexpr int kStages = (227 * 1024 - 1024) / kStage;
+  // A step refills the slot of the stage kLag before it (see accumulate): with 3 stages the one just released,
+  // which the block's warpgroups must all have left; with more, the one before, so that they need not keep step.
+  static constexpr int kLag = kStages >= 4 ? 2 : 1;
   static constexpr int kOutRow = kWgN + 8;  // staged output row, padded so the fragment scatter hits all banks
   static constexpr int kPipeBytes = kStages * kStage;
   static constexpr int kOutBytes = BM * kOutRow * 2;
@@ -96,8 +108,13 @@ struct WgTile {
 // Shared-memory matrix descriptor of a K-major operand with 128-byte swizzle: start address,
 // leading byte offset (unused with this swizzle: 1), stride byte offset 1024 (between 8-row atoms),
 // swizzle mode 1 in bits 62-63 (all addresses in units of 16 bytes).
-__device__ __forceinline__ uint64_t swizzled_descriptor(uint32_t address) {
-  return ((address & 0x3ffffu) >> 4) | (1ull << 16) | ((uint64_t)(1024 >> 4) << 32) | (1ull << 62);
+// Its high word is the same for every stage: only the low word (start address and leading byte offset) is
+// computed, in 32 bits, and the constant high word is joined to it at the instruction.
+__device__ __forceinline__ uint32_t swizzled_descriptor_low(uint32_t address) {
+  return ((address & 0x3ffffu) >> 4) | (1u << 16);
+}
+__device__ __forceinline__ uint64_t swizzled_descriptor(uint32_t low) {
+  return ((uint64_t)((1024 >> 4) | (1u << 30)) << 32) | low;
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -244,7 +261,7 @@ struct WgMaps {
 //   only for higher blocks, and hands its own sums over in its first shared run, before any wait of its
 //   own: so the waits end even when fewer SMs than blocks are free.
 struct WgWork {
-  int k_stages;         // 64-k stages of a tile
+  int k_stages;         // 128-k stages of a tile
   int splits;           // k splits (1: whole rounds and shared tiles instead)
   int units_per_block;  // stages of a split, or of a block's run of the shared tiles
   int whole_rounds;     // tiles each block takes whole
@@ -267,7 +284,6 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
   constexpr int kWgN = C::kWgN;
   const int M = args.M, N = args.N, shift = args.group_shift;
   const int tiles64 = N / 64;
-  const bool two_group_rows = shift == 5;  // groups of 32: two per stage
 
   // Tiles are ordered in groups of kGroupM row tiles that sweep the column tiles together (row tile
   // fastest): the blocks running at once share weight tiles in L2, and a group's activations stay in
@@ -281,15 +297,14 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
   };
 
   // The copies of a stage, issued by one thread and tracked by the stage's "full" barrier: one
-  // tensor-map box each for the activations, the weight words, the scales and the zero points. The
+  // tensor-map box each for the two halves of activations, the weight words, the scales and the zero points. The
   // copy engine zero-fills what lies past the tensors (rows past M, tiles past N) and counts the
   // whole box. (The weights, scales and zeros were once 5 to 8 bulk copies a stage: issuing them took
   // ~170 dependent instructions, and ncu showed the issuing warp 44% busy with them and the others
   // waiting for it at their wgmmas and for the late stages at their barriers.)
   // Stages go through the ring in the order the block takes them, over all its tiles: its g-th stage
   // sits in slot g % kStages, and the slot is free again when all threads have released stage g - kStages.
-  const int group_rows = two_group_rows ? 2 : 1;
-  const uint32_t stage_bytes = C::kX + C::kW + group_rows * (C::kScaleRow + (kHasZeros ? C::kZeroRow : 0));
+  const uint32_t stage_bytes = C::kX + C::kW + stage_group_rows(shift) * (C::kScaleRow + (kHasZeros ? C::kZeroRow : 0));
   // In two parts, so that a block's first stages can fetch their weight words before the prior kernel
   // has ended (see accumulate): the weight words, then the rest.
   auto fetch_weights = [&](uint32_t g, int t0, int k_stage) {
@@ -303,26 +318,28 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
     uint64_t* bar = &full[g % C::kStages];
     const int k0 = k_stage * kWgK, g0 = shift < 0 ? 0 : k0 >> shift;
     load_tile(st, &maps.x, k0, m0, bar);
+    load_tile(st + C::kXHalf, &maps.x, k0 + kHalfK, m0, bar);  // (past K when K is an odd multiple of 64: zeros)
     load_tile(st + C::kX + C::kW, &maps.scales, t0 * 16, g0, bar);
     if (kHasZeros) load_tile(st + C::kX + C::kW + C::kScales, &maps.zeros, t0 * 8, g0, bar);
   };
 
-  // The A fragments of one stage for this thread: [k16 step][register]. Warp w reads word w of each lane's
-  // uint4 of its warpgroup's tile (tile wg of the block).
+  // The A fragments of one half stage (4 k16 steps) for this thread: [k16 step][register]. Warp w reads word w of
+  // each lane's uint4 of its warpgroup's tile (tile wg of the block). The group's scales and zero points (`consts`)
+  // are read where a group row starts: the second half keeps the first's for groups of 128 or one group.
   using Fragments = uint32_t[4][4];
-  auto dequantize = [&](int slot, Fragments& a) {
-    const uint8_t* st = smem + slot * C::kStage;
-    const uint32_t* words = reinterpret_cast<const uint32_t*>(st + C::kX);
+  const bool row_each_half = shift >= 0 && shift < 7;
+  auto dequantize = [&](const uint8_t* st, int half, Fragments& a, WordConstants<T>& consts) {
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(st + C::kX) + half * 4 * C::kTiles * 128;
     const uint32_t* scale_pairs = reinterpret_cast<const uint32_t*>(st + C::kX + C::kW);
     const uint32_t* zero_words = reinterpret_cast<const uint32_t*>(st + C::kX + C::kW + C::kScales);
     uint32_t q[4];  // per k16 step
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) q[kk] = words[((kk * C::kTiles + wg) * 32 + lane) * 4 + w];
-    WordConstants<T> consts;
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      if (kk == 0 || (kk == 2 && two_group_rows)) {
-        const int at = (kk / 2) * (kWgN / 8) + wg * 8 + lane / 4;  // uint4 of scales / uint2 of zeros of column lane / 4
+      if (kk == 0 ? half == 0 || row_each_half : kk == 2 && shift == 5) {  // (groups of 32: two a half)
+        const int row = shift < 0 ? 0 : (half * kHalfK + kk * 16) >> shift;  // the stage's group row
+        const int at = row * (kWgN / 8) + wg * 8 + lane / 4;  // uint4 of scales / uint2 of zeros of column lane / 4
         const uint32_t zeros = kHasZeros ? zero_words[at * 2 + w / 2] >> (8 * (w % 2)) : kSymmetricZeros;
         consts.load(scale_pairs[at * 4 + w], zeros);
       }
@@ -334,16 +351,13 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
 
   float acc[C::kAcc];  // written first by the wgmmas of a run's first stage, which do not accumulate
 
-  auto issue = [&](int slot, const Fragments& a, bool first) {
-    // The k16 steps' descriptors are the stage's plus 32 bytes each (2 in the descriptor's 16-byte units: the
-    // address field cannot carry over, as shared addresses stay below 2^18). Adding to one descriptor, and
-    // taking the previous step's slot from this one's (below), rather than computing each from its address:
-    // 9 fewer instructions in two steps of the main loop, and 1-3% less time at M = 256 and 1024 on an H200
-    // (benchmarks/results/2026-12-02-marlin-wgmma-plan.md).
-    const uint64_t descriptor = swizzled_descriptor(smem_address(smem + slot * C::kStage));
+  // The 4 wgmmas of a half stage as one group. Their descriptors are the half's plus 32 bytes each (2 in the
+  // descriptor's 16-byte units: the address field cannot carry over, as shared addresses stay below 2^18).
+  auto issue = [&](uint32_t descriptor_low, const Fragments& a, bool first) {
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_rs<T, BM>(acc, a[kk], descriptor + 2 * kk, !first || kk > 0);
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_rs<T, BM>(acc, a[kk], swizzled_descriptor(descriptor_low + 2 * kk), !first || kk > 0);
     wgmma_commit();
   };
 
@@ -355,13 +369,17 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
   __syncthreads();
   if (tid != 0) wait_for_prior_kernel();  // thread 0 waits in its first accumulate
 
-  // acc = the products of stages [k_first, k_first + stages) of a tile. Step s refills a slot kAhead
-  // stages ahead; the slot's previous stage is then three steps back, so the warpgroups need not run in
-  // lockstep. The refill of step s is issued by lane 0 of warp s % (the block's warps), after its
-  // wgmmas, while they run: a warpgroup's wgmma starts only when all four of its warps have issued it, so
-  // the refill delays its warpgroup's next step; taking turns spreads that delay over all warps (70B-up
-  // M = 64: 153 us against 169 when thread 0 issued every refill; the same at M >= 256).
-  constexpr int kAhead = C::kStages - 3;
+  // acc = the products of stages [k_first, k_first + stages) of a tile. A stage runs in two halves of 64 k, one
+  // wgmma group each: a half's weights are dequantized into one register set while the other half's wgmmas run.
+  // The barrier wait, the stage's release and its refill come once a stage, that is once per 128 k: with 64-k
+  // stages they took about a sixth of the main loop's instructions (ncu, benchmarks/results/
+  // 2026-12-02-marlin-wgmma-plan.md), against a third of that for triton's 128-k chunks.
+  // Stage s releases stage s - 1 once the first half's wgmmas are issued and the previous ones done, and refills
+  // the slot of stage s - kLag with stage s + kAhead. The refill is issued by lane 0 of warp s % (the block's
+  // warps), after the second half's wgmmas, while they run: a warpgroup's wgmma starts only when all four of its
+  // warps have issued it, so the refill delays its warpgroup's next step; taking turns spreads that delay over all
+  // warps (70B-up M = 64: 153 us against 169 when thread 0 issued every refill; the same at M >= 256).
+  constexpr int kAhead = C::kStages - C::kLag;
   uint32_t ring = 0;  // stages this block has put through the ring
   auto accumulate = [&](int m0, int t0, int k_first, int stages) {
     if (tid == 0) {  // the first stages; in the block's first run, their weights while the prior kernel ends
@@ -369,31 +387,34 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
       if (ring == 0) wait_for_prior_kernel();
       for (int s = 0; s < kAhead && s < stages; ++s) fetch_rest(ring + s, m0, t0, k_first + s);
     }
-    auto step = [&](int s, Fragments& a) {
-      const uint32_t g = ring + s;
-      const int slot = g % C::kStages;
-      wait_barrier(&full[slot], (g / C::kStages) & 1);
-      dequantize(slot, a);
-      issue(slot, a, s == 0);
-      if (tid == s % (C::kThreads / 32) * 32 && s + kAhead < stages) {
-        fetch_weights(g + kAhead, t0, k_first + s + kAhead);
-        fetch_rest(g + kAhead, m0, t0, k_first + s + kAhead);
-      }
-      wgmma_wait<1>();  // step s - 1's wgmmas are done: its registers and its stage are free
+    int slot = ring % C::kStages;
+    uint32_t phase = (ring / C::kStages) & 1;  // of the slot's "full" barrier
+    Fragments a_low, a_high;  // the two halves' register sets
+#pragma unroll 1
+    for (int s = 0; s < stages; ++s) {
+      const uint8_t* st = smem + slot * C::kStage;
+      const uint32_t descriptor_low = swizzled_descriptor_low(smem_address(st));
+      WordConstants<T> consts;
+      wait_barrier(&full[slot], phase);
+      dequantize(st, 0, a_low, consts);
+      issue(descriptor_low, a_low, s == 0);
+      wgmma_wait<1>();  // the previous stage's wgmmas are done: a_high and that stage are free
       if (s > 0) {
         fence_proxy_async();  // order this thread's reads of the stage (generic) before its refill (async)
         arrive_barrier(&empty[slot == 0 ? C::kStages - 1 : slot - 1]);
       }
-    };
-    Fragments a_even, a_odd;  // two register sets, so the loop runs two steps per iteration
-#pragma unroll 1
-    for (int s = 0; s < stages; s += 2) {
-      step(s, a_even);
-      if (s + 1 < stages) step(s + 1, a_odd);
+      dequantize(st, 1, a_high, consts);
+      issue(descriptor_low + (C::kXHalf >> 4), a_high, false);
+      if (tid == s % (C::kThreads / 32) * 32 && s + kAhead < stages) {
+        fetch_weights(ring + s + kAhead, t0, k_first + s + kAhead);
+        fetch_rest(ring + s + kAhead, m0, t0, k_first + s + kAhead);
+      }
+      wgmma_wait<1>();  // the first half's wgmmas are done: a_low is free
+      if (++slot == C::kStages) slot = 0, phase ^= 1;
     }
     wgmma_wait<0>();
     fence_proxy_async();
-    arrive_barrier(&empty[(ring + stages - 1) % C::kStages]);
+    arrive_barrier(&empty[slot == 0 ? C::kStages - 1 : slot - 1]);
     ring += stages;
 #pragma unroll
     for (int j = 0; j < C::kAcc; ++j) fence_register(acc[j]);
@@ -537,7 +558,7 @@ struct WgmmaPlan {
 // against 88-90 stream-K; 7B-down M = 128: 29 against 39); elsewhere stream-K is (same run as the code
 // before it: 70B-qkv M = 256, 80 tiles on 132 SMs, 75.5 us against 98.5; 7B-up M = 256 83 against 105,
 // M = 64 37.5 against 40.4). Stream-K shares the last round of whole tiles plus the remainder, each
-// block's run at least 8 stages; but where the last round of whole tiles is at least 90% full, the tiles run
+// block's run at least 512 k; but where the last round of whole tiles is at least 90% full, the tiles run
 // whole, in rounds (at most a tenth of the SMs idle in the last one, against the sums that sharing hands
 // between blocks): on an H200, all plans timed in turn at one clock (bf16,
 // benchmarks/results/2026-12-02-marlin-wgmma-plan.md), 7B-qkv M = 1024 (384 tiles) 171 -> 166 us, 7B-down
@@ -568,8 +589,8 @@ WgmmaPlan plan_wgmma(int M, int K, int N, int sms) {
   const int columns = block_columns(p.bm);
   const int tiles = ((M + p.bm - 1) / p.bm) * ((N + columns - 1) / columns);
   WgWork& w = p.work;
-  w.k_stages = K / kWgK;
-  const int splits = tiles >= sms ? 1 : std::max(1, std::min(sms / tiles, w.k_stages / 8));
+  w.k_stages = (K + kWgK - 1) / kWgK;  // (K a multiple of 64: the last stage's second half may lie past it)
+  const int splits = tiles >= sms ? 1 : std::max(1, std::min(sms / tiles, w.k_stages / kMinRun));
   if (splits > 1 && 10 * tiles * splits >= 9 * sms) {
     w.units_per_block = (w.k_stages + splits - 1) / splits;
     w.splits = (w.k_stages + w.units_per_block - 1) / w.units_per_block;
@@ -586,7 +607,7 @@ WgmmaPlan plan_wgmma(int M, int K, int N, int sms) {
   w.whole_rounds = std::max(tiles / sms - 1, 0);
   p.shared_tiles = tiles - w.whole_rounds * sms;
   w.shared_units = p.shared_tiles * w.k_stages;
-  w.units_per_block = std::max((w.shared_units + sms - 1) / sms, std::min(w.k_stages, 8));
+  w.units_per_block = std::max((w.shared_units + sms - 1) / sms, std::min(w.k_stages, kMinRun));
   p.grid = w.whole_rounds > 0 ? sms : (w.shared_units + w.units_per_block - 1) / w.units_per_block;
   return p;
 }
@@ -615,22 +636,22 @@ bool encode_map(CUtensorMap* map, CUtensorMapDataType type, const void* base, ui
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// The maps of a call. x: boxes of BM rows x 64 columns (128 bytes), stored with the 128-byte swizzle.
-// The marlin tensors are read as 8-byte words: the weight words of a k16 step form one row
-// (N / 64 tiles of 512 bytes), a block's box is 4 rows x its 4 tiles (2 KB a row, the stage's
-// [k16][tile][lane] layout); scales (2 bytes a column) and zero points (1 byte a column: two
-// nibbles of two subtiles) are rows per group, a box the stage's 1 or 2 group rows x 256 columns.
+// The maps of a call. x: boxes of BM rows x 64 columns (128 bytes, a half stage), stored with the 128-byte
+// swizzle. The marlin tensors are read as 8-byte words: the weight words of a k16 step form one row
+// (N / 64 tiles of 512 bytes), a block's box is 8 rows x its 2 or 4 tiles (the stage's [k16][tile][lane]
+// layout); scales (2 bytes a column) and zero points (1 byte a column: two nibbles of two subtiles) are rows
+// per group, a box the stage's 1, 2 or 4 group rows x the block's columns.
 template <typename T>
 const char* encode_maps(WgMaps* maps, const GemmArgs& args, int bm) {
   if (tensor_map_encoder() == nullptr) return "marlin: the CUDA driver has no cuTensorMapEncodeTiled";
   const uint64_t K = args.K, N = args.N, groups = args.group_shift < 0 ? 1 : K >> args.group_shift;
-  const uint32_t group_rows = args.group_shift == 5 ? 2 : 1, columns = block_columns(bm);
+  const uint32_t group_rows = stage_group_rows(args.group_shift), columns = block_columns(bm);
   const CUtensorMapDataType type =
       std::is_same<T, half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   constexpr CUtensorMapDataType kWord = CU_TENSOR_MAP_DATA_TYPE_UINT64;
   constexpr CUtensorMapSwizzle kPlain = CU_TENSOR_MAP_SWIZZLE_NONE;
-  bool ok = encode_map(&maps->x, type, args.x, K, args.M, K * sizeof(T), kWgK, bm, CU_TENSOR_MAP_SWIZZLE_128B) &&
-            encode_map(&maps->weights, kWord, args.qweight, N, K / 16, N * 8, columns, 4, kPlain) &&
+  bool ok = encode_map(&maps->x, type, args.x, K, args.M, K * sizeof(T), kHalfK, bm, CU_TENSOR_MAP_SWIZZLE_128B) &&
+            encode_map(&maps->weights, kWord, args.qweight, N, K / 16, N * 8, columns, kWgK / 16, kPlain) &&
             encode_map(&maps->scales, kWord, args.scales, N / 4, groups, N * 2, columns / 4, group_rows, kPlain);
   if (ok && args.zeros != nullptr)
     ok = encode_map(&maps->zeros, kWord, args.zeros, N / 8, groups, N, columns / 8, group_rows, kPlain);

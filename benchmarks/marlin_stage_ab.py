@@ -1,0 +1,75 @@
+"""A/B of two builds of the marlin kernel in one process: this tree's (`litquant_marlin`) against another source
+folder's (`old`), built under the op namespace `litquant_marlin_old`, with bf16 cuBLAS alongside:
+
+    python3 benchmarks/marlin_stage_ab.py <old csrc/marlin folder> [shapes] [ms] [dtypes]
+
+Each cell is checked first: both builds' outputs (NaN-poisoned) against the dequantized weight times x in fp32.
+Then the three are timed with `kernels.alternate` (all graphs replayed in turn, at one clock; medians in us a
+call)."""
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.utils.cpp_extension import load
+
+sys.path.insert(0, "benchmarks")
+sys.path.insert(0, ".")
+from kernels import L2_MULTIPLE, SHAPES, alternate, build_litquant, build_peer  # noqa: E402
+from litquant.kernels import build  # noqa: E402
+
+old_folder = Path(sys.argv[1])
+shapes = sys.argv[2].split(",") if len(sys.argv) > 2 else list(SHAPES)
+ms = [int(m) for m in sys.argv[3].split(",")] if len(sys.argv) > 3 else [64, 128, 256, 512, 1024]
+dtypes = sys.argv[4].split(",") if len(sys.argv) > 4 else ["bf16", "fp16"]
+dev = torch.device("cuda")
+
+build.load("marlin")
+work = Path(tempfile.mkdtemp())
+for f in old_folder.iterdir():
+    text = f.read_text()
+    if f.suffix == ".cpp":  # the same ops under another namespace
+        text = text.replace("TORCH_LIBRARY(litquant_marlin,", "TORCH_LIBRARY(litquant_marlin_old,")
+        text = text.replace("TORCH_LIBRARY_IMPL(litquant_marlin,", "TORCH_LIBRARY_IMPL(litquant_marlin_old,")
+    (work / f.name).write_text(text)
+load(name="litquant_marlin_old", sources=[str(f) for f in work.iterdir() if f.suffix in (".cu", ".cpp")],
+     build_directory=str(work), extra_cflags=["-O3"],
+     extra_cuda_cflags=["-O3", "-lineinfo", "-gencode=arch=compute_90a,code=sm_90a"], is_python_module=False)
+ops = {"new": torch.ops.litquant_marlin, "old": torch.ops.litquant_marlin_old}
+print(f"# {torch.cuda.get_device_name()}, 4-bit g128 zero points; old = {old_folder}", flush=True)
+
+
+def fused(module, op):
+    locks = torch.zeros_like(module.locks)
+
+    def call(x, out=None):
+        out = torch.empty(x.shape[0], module.out_features, dtype=x.dtype, device=x.device) if out is None else out
+        op.gemm_out(x, module.qweight, module.scales, module.zeros, None, locks, module.group_size, out)
+        return out
+    return call
+
+
+for dtype_name in dtypes:
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
+    for shape in shapes:
+        k, n = SHAPES[shape]
+        copies = max(1, math.ceil(L2_MULTIPLE * torch.cuda.get_device_properties(dev).L2_cache_size / (k * n // 2)))
+        modules = [build_litquant("marlin", k, n, 4, 128, dtype, dev, seed=s) for s in range(copies)]
+        cublas = [build_peer("cublas", k, n, dtype, dev, seed=s) for s in range(copies)]
+        dense = torch.empty(k, n, dtype=dtype, device=dev)
+        ops["new"].dequant_out(modules[0].qweight, modules[0].scales, modules[0].zeros, modules[0].group_size, dense)
+        for m in ms:
+            x = torch.randn(m, k, dtype=dtype, device=dev)
+            ref = x.float() @ dense.float()
+            errors = []
+            for name, op in ops.items():
+                out = torch.full((m, n), float("nan"), dtype=dtype, device=dev)
+                fused(modules[0], op)(x, out)
+                errors.append(f"{name} {((out.float() - ref).norm() / ref.norm()).item():.1e}")
+            times = alternate({"new": [fused(mod, ops["new"]) for mod in modules],
+                               "old": [fused(mod, ops["old"]) for mod in modules], "cublas": cublas}, x)
+            print(f"{dtype_name} {shape:8s} M={m:5d}  new {times['new']:8.1f}  old {times['old']:8.1f}  "
+                  f"cublas {times['cublas']:8.1f} us   new/old {times['new'] / times['old']:.3f}   "
+                  f"x cuBLAS new {times['cublas'] / times['new']:.2f} old {times['cublas'] / times['old']:.2f}   "
+                  f"err {', '.join(errors)}", flush=True)
