@@ -1,11 +1,10 @@
-"""A/B of two builds of the marlin kernel in one process: this tree's (`litquant_marlin`) against another source
-folder's (`old`), built under the op namespace `litquant_marlin_old`, with bf16 cuBLAS alongside:
+"""A/B of builds of the marlin kernel in one process: this tree's (`new`, `litquant_marlin`) against other source
+folders' (`old0`, `old1`, ...: each built under the op namespace `litquant_marlin_old<i>`), with cuBLAS alongside:
 
-    python3 benchmarks/marlin_stage_ab.py <old csrc/marlin folder> [shapes] [ms] [dtypes]
+    python3 benchmarks/marlin_stage_ab.py <old csrc/marlin folder>[,<another>...] [shapes] [ms] [dtypes]
 
-Each cell is checked first: both builds' outputs (NaN-poisoned) against the dequantized weight times x in fp32.
-Then the three are timed with `kernels.alternate` (all graphs replayed in turn, at one clock; medians in us a
-call)."""
+Each cell is checked first: every build's output (NaN-poisoned) against the dequantized weight times x in fp32.
+Then all are timed with `kernels.alternate` (all graphs replayed in turn, at one clock; medians in us a call)."""
 import math
 import sys
 import tempfile
@@ -19,25 +18,28 @@ sys.path.insert(0, ".")
 from kernels import L2_MULTIPLE, SHAPES, alternate, build_litquant, build_peer  # noqa: E402
 from litquant.kernels import build  # noqa: E402
 
-old_folder = Path(sys.argv[1])
+old_folders = [Path(f) for f in sys.argv[1].split(",")]
 shapes = sys.argv[2].split(",") if len(sys.argv) > 2 else list(SHAPES)
 ms = [int(m) for m in sys.argv[3].split(",")] if len(sys.argv) > 3 else [64, 128, 256, 512, 1024]
 dtypes = sys.argv[4].split(",") if len(sys.argv) > 4 else ["bf16", "fp16"]
 dev = torch.device("cuda")
 
 build.load("marlin")
-work = Path(tempfile.mkdtemp())
-for f in old_folder.iterdir():
-    text = f.read_text()
-    if f.suffix == ".cpp":  # the same ops under another namespace
-        text = text.replace("TORCH_LIBRARY(litquant_marlin,", "TORCH_LIBRARY(litquant_marlin_old,")
-        text = text.replace("TORCH_LIBRARY_IMPL(litquant_marlin,", "TORCH_LIBRARY_IMPL(litquant_marlin_old,")
-    (work / f.name).write_text(text)
-load(name="litquant_marlin_old", sources=[str(f) for f in work.iterdir() if f.suffix in (".cu", ".cpp")],
-     build_directory=str(work), extra_cflags=["-O3"],
-     extra_cuda_cflags=["-O3", "-lineinfo", "-gencode=arch=compute_90a,code=sm_90a"], is_python_module=False)
-ops = {"new": torch.ops.litquant_marlin, "old": torch.ops.litquant_marlin_old}
-print(f"# {torch.cuda.get_device_name()}, 4-bit g128 zero points; old = {old_folder}", flush=True)
+ops = {"new": torch.ops.litquant_marlin}
+for i, folder in enumerate(old_folders):
+    name, work = f"litquant_marlin_old{i}", Path(tempfile.mkdtemp())
+    for f in folder.iterdir():
+        text = f.read_text()
+        if f.suffix == ".cpp":  # the same ops under another namespace
+            text = text.replace("TORCH_LIBRARY(litquant_marlin,", f"TORCH_LIBRARY({name},")
+            text = text.replace("TORCH_LIBRARY_IMPL(litquant_marlin,", f"TORCH_LIBRARY_IMPL({name},")
+        (work / f.name).write_text(text)
+    load(name=name, sources=[str(f) for f in work.iterdir() if f.suffix in (".cu", ".cpp")],
+         build_directory=str(work), extra_cflags=["-O3"],
+         extra_cuda_cflags=["-O3", "-lineinfo", "-gencode=arch=compute_90a,code=sm_90a"], is_python_module=False)
+    ops[f"old{i}"] = getattr(torch.ops, name)
+print(f"# {torch.cuda.get_device_name()}, 4-bit g128 zero points; "
+      + ", ".join(f"old{i} = {f}" for i, f in enumerate(old_folders)), flush=True)
 
 
 def fused(module, op):
@@ -67,9 +69,9 @@ for dtype_name in dtypes:
                 out = torch.full((m, n), float("nan"), dtype=dtype, device=dev)
                 fused(modules[0], op)(x, out)
                 errors.append(f"{name} {((out.float() - ref).norm() / ref.norm()).item():.1e}")
-            times = alternate({"new": [fused(mod, ops["new"]) for mod in modules],
-                               "old": [fused(mod, ops["old"]) for mod in modules], "cublas": cublas}, x)
-            print(f"{dtype_name} {shape:8s} M={m:5d}  new {times['new']:8.1f}  old {times['old']:8.1f}  "
-                  f"cublas {times['cublas']:8.1f} us   new/old {times['new'] / times['old']:.3f}   "
-                  f"x cuBLAS new {times['cublas'] / times['new']:.2f} old {times['cublas'] / times['old']:.2f}   "
-                  f"err {', '.join(errors)}", flush=True)
+            variants = {name: [fused(mod, op) for mod in modules] for name, op in ops.items()}
+            times = alternate(dict(variants, cublas=cublas), x)
+            print(f"{dtype_name} {shape:8s} M={m:5d}  cublas {times['cublas']:7.1f} us  "
+                  + "  ".join(f"{name} {times[name]:7.1f} ({times['cublas'] / times[name]:.2f}x)" for name in ops)
+                  + "   new/" + ", new/".join(f"{name} {times['new'] / times[name]:.3f}" for name in ops if name != "new")
+                  + f"   err {', '.join(errors)}", flush=True)
