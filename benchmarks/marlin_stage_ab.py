@@ -3,6 +3,9 @@ folders' (`old0`, `old1`, ...: each built under the op namespace `litquant_marli
 
     python3 benchmarks/marlin_stage_ab.py <old csrc/marlin folder>[,<another>...] [shapes] [ms] [dtypes]
 
+An old folder is a copy of csrc/marlin at another commit, inside the tree so that it travels to the GPU machine:
+    mkdir -p ab/old && for f in $(git ls-tree --name-only REV csrc/marlin/); do git show REV:$f > ab/old/${f##*/}; done
+
 Each cell is checked first: every build's output (NaN-poisoned) against the dequantized weight times x in fp32.
 Then all are timed with `kernels.alternate` (all graphs replayed in turn, at one clock; medians in us a call)."""
 import math

@@ -323,45 +323,42 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
     if (kHasZeros) load_tile(st + C::kX + C::kW + C::kScales, &maps.zeros, t0 * 8, g0, bar);
   };
 
-  float acc[C::kAcc];  // written first by the wgmmas of a run's first stage, which do not accumulate
-
-  // acc += one half stage (4 k16 steps), one wgmma group a step: each step's A fragment is dequantized into `a`
-  // and its wgmma issued at once, so that the tensor cores start on the half before its last steps are dequantized.
-  // Warp w reads word w of each lane's uint4 of its warpgroup's tile (tile wg of the block). The scales and zero
-  // points (`consts`: of steps 0-1 and of steps 2-3) are read before the half's first wgmma, and only where a group
-  // row starts: the second half keeps the first's for groups of 128 or one group. (No branch may come between the
-  // wgmmas: ptxas then serializes them, C7513.) The wgmmas' descriptors are the half's plus 32 bytes a step (2 in
-  // the descriptor's 16-byte units: the address field cannot carry over, as shared addresses stay below 2^18).
-  using Fragments = uint32_t[4][4];  // [k16 step][register]
+  // The A fragments of one half stage (4 k16 steps) for this thread: [k16 step][register]. Warp w reads word w of
+  // each lane's uint4 of its warpgroup's tile (tile wg of the block). The group's scales and zero points (`consts`)
+  // are read where a group row starts: the second half keeps the first's for groups of 128 or one group.
+  using Fragments = uint32_t[4][4];
   const bool row_each_half = shift >= 0 && shift < 7;
-  auto multiply_half = [&](const uint8_t* st, int half, Fragments& a, WordConstants<T> (&consts)[2], bool first) {
+  auto dequantize = [&](const uint8_t* st, int half, Fragments& a, WordConstants<T>& consts) {
     const uint32_t* words = reinterpret_cast<const uint32_t*>(st + C::kX) + half * 4 * C::kTiles * 128;
     const uint32_t* scale_pairs = reinterpret_cast<const uint32_t*>(st + C::kX + C::kW);
     const uint32_t* zero_words = reinterpret_cast<const uint32_t*>(st + C::kX + C::kW + C::kScales);
-    const uint32_t descriptor_low = swizzled_descriptor_low(smem_address(st + half * C::kXHalf));
     uint32_t q[4];  // per k16 step
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) q[kk] = words[((kk * C::kTiles + wg) * 32 + lane) * 4 + w];
-    auto load_consts = [&](int row, WordConstants<T>& c) {  // row: the stage's group row
-      const int at = row * (kWgN / 8) + wg * 8 + lane / 4;  // uint4 of scales / uint2 of zeros of column lane / 4
-      const uint32_t zeros = kHasZeros ? zero_words[at * 2 + w / 2] >> (8 * (w % 2)) : kSymmetricZeros;
-      c.load(scale_pairs[at * 4 + w], zeros);
-    };
-    if (half == 0 || row_each_half) {
-      const int row = shift < 0 ? 0 : (half * kHalfK) >> shift;
-      load_consts(row, consts[0]);
-      if (shift == 5) load_consts(row + 1, consts[1]);  // groups of 32: two a half
-      else consts[1] = consts[0];
-    }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
+      if (kk == 0 ? half == 0 || row_each_half : kk == 2 && shift == 5) {  // (groups of 32: two a half)
+        const int row = shift < 0 ? 0 : (half * kHalfK + kk * 16) >> shift;  // the stage's group row
+        const int at = row * (kWgN / 8) + wg * 8 + lane / 4;  // uint4 of scales / uint2 of zeros of column lane / 4
+        const uint32_t zeros = kHasZeros ? zero_words[at * 2 + w / 2] >> (8 * (w % 2)) : kSymmetricZeros;
+        consts.load(scale_pairs[at * 4 + w], zeros);
+      }
       uint32_t b[4];
-      consts[kk / 2].dequant(q[kk], b);
+      consts.dequant(q[kk], b);
       a[kk][0] = b[0], a[kk][1] = b[2], a[kk][2] = b[1], a[kk][3] = b[3];
-      wgmma_fence();  // (the fragment's registers were just written)
-      wgmma_rs<T, BM>(acc, a[kk], swizzled_descriptor(descriptor_low + 2 * kk), !first || kk > 0);
-      wgmma_commit();
     }
+  };
+
+  float acc[C::kAcc];  // written first by the wgmmas of a run's first stage, which do not accumulate
+
+  // The 4 wgmmas of a half stage as one group. Their descriptors are the half's plus 32 bytes each (2 in the
+  // descriptor's 16-byte units: the address field cannot carry over, as shared addresses stay below 2^18).
+  auto issue = [&](uint32_t descriptor_low, const Fragments& a, bool first) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_rs<T, BM>(acc, a[kk], swizzled_descriptor(descriptor_low + 2 * kk), !first || kk > 0);
+    wgmma_commit();
   };
 
   allow_dependent_launch();
@@ -376,7 +373,10 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
   // wgmma group each: a half's weights are dequantized into one register set while the other half's wgmmas run.
   // The barrier wait, the stage's release and its refill come once a stage, that is once per 128 k: with 64-k
   // stages they took about a sixth of the main loop's instructions (ncu, benchmarks/results/
-  // 2026-12-02-marlin-wgmma-plan.md), against a third of that for triton's 128-k chunks.
+  // 2026-12-02-marlin-wgmma-plan.md). A warp's main loop went from ~146 instructions per 64 k to ~123, and the
+  // kernel from 1 to 17% less time at M = 64..1024 on an H200, 8-10% at M = 1024 (all builds timed in turn,
+  // benchmarks/results/2026-12-02-marlin-stage128.md). Issuing each k16 step's wgmma as soon as its fragment is
+  // dequantized (a group a step, as triton's kernel does) was 0-7% slower than a group a half.
   // Stage s releases stage s - 1 once the first half's wgmmas are issued and the previous ones done, and refills
   // the slot of stage s - kLag with stage s + kAhead. The refill is issued by lane 0 of warp s % (the block's
   // warps), after the second half's wgmmas, while they run: a warpgroup's wgmma starts only when all four of its
@@ -396,20 +396,23 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
 #pragma unroll 1
     for (int s = 0; s < stages; ++s) {
       const uint8_t* st = smem + slot * C::kStage;
-      WordConstants<T> consts[2];
+      const uint32_t descriptor_low = swizzled_descriptor_low(smem_address(st));
+      WordConstants<T> consts;
       wait_barrier(&full[slot], phase);
-      multiply_half(st, 0, a_low, consts, s == 0);
-      wgmma_wait<4>();  // the previous stage's wgmmas are done: a_high and that stage are free
+      dequantize(st, 0, a_low, consts);
+      issue(descriptor_low, a_low, s == 0);
+      wgmma_wait<1>();  // the previous stage's wgmmas are done: a_high and that stage are free
       if (s > 0) {
         fence_proxy_async();  // order this thread's reads of the stage (generic) before its refill (async)
         arrive_barrier(&empty[slot == 0 ? C::kStages - 1 : slot - 1]);
       }
-      multiply_half(st, 1, a_high, consts, false);
+      dequantize(st, 1, a_high, consts);
+      issue(descriptor_low + (C::kXHalf >> 4), a_high, false);
       if (tid == s % (C::kThreads / 32) * 32 && s + kAhead < stages) {
         fetch_weights(ring + s + kAhead, t0, k_first + s + kAhead);
         fetch_rest(ring + s + kAhead, m0, t0, k_first + s + kAhead);
       }
-      wgmma_wait<4>();  // the first half's wgmmas are done: a_low is free
+      wgmma_wait<1>();  // the first half's wgmmas are done: a_low is free
       if (++slot == C::kStages) slot = 0, phase ^= 1;
     }
     wgmma_wait<0>();
