@@ -176,7 +176,9 @@ class MarlinQuantLinear(QuantLinear):
     # faster on four layers and 1-16% slower on the two down projections, at 2048 dense 5-20% faster on all six.
     # Dequantizing in column chunks small enough to stay in L2 (one reused buffer, a GEMM per chunk) was 0.5-5%
     # faster at M=4096 and up to 20% slower at M=1024-2048 (results/2026-12-01-dense-chunks.log): not kept.
-    wgmma_dense_from_m: ClassVar[int] = 1536
+    # With 128-k stages (results/2026-12-02-dense-threshold-stage128.log) fused is 2-10% faster at M=1536 on all
+    # six, at 2048 1-7% faster on five and 11% slower on 70B-down, at 3072 faster on three: dense from 2048.
+    wgmma_dense_from_m: ClassVar[int] = 2048
     # 8-bit: the fused kernels do twice the tensor-core work (two planes), the dense path one dequantization
     # (litquant_marlin_dequant adds the planes). Level at M=192..256 (each faster on three layers), dense
     # 30-50% faster from M=320 on.
