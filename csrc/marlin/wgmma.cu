@@ -374,9 +374,9 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
   // The barrier wait, the stage's release and its refill come once a stage, that is once per 128 k: with 64-k
   // stages they took about a sixth of the main loop's instructions (ncu, benchmarks/results/
   // 2026-12-02-marlin-wgmma-plan.md). A warp's main loop went from ~146 instructions per 64 k to ~123, and the
-  // kernel from 1 to 17% less time at M = 64..1024 on an H200, 8-10% at M = 1024 (all builds timed in turn,
+  // kernel's time on an H200 by up to 17% at M = 64..1024, 6-10% at M = 1024 (both builds timed in turn,
   // benchmarks/results/2026-12-02-marlin-stage128.md). Issuing each k16 step's wgmma as soon as its fragment is
-  // dequantized (a group a step, as triton's kernel does) was 0-7% slower than a group a half.
+  // dequantized (a group a step, as triton's kernel does) was 0-8% slower than a group a half.
   // Stage s releases stage s - 1 once the first half's wgmmas are issued and the previous ones done, and refills
   // the slot of stage s - kLag with stage s + kAhead. The refill is issued by lane 0 of warp s % (the block's
   // warps), after the second half's wgmmas, while they run: a warpgroup's wgmma starts only when all four of its
