@@ -92,8 +92,8 @@ struct WgTile {
   static constexpr int kStage = (kX + kW + kScales + kZeros + 1023) / 1024 * 1024;  // swizzle atoms: 1024-aligned
   // As many stages as fit the 227 KB a block may take (3 at BM = 256, 4 at 128 and 160, 6 at 64, 8 at 32).
   static constexpr int kStages = (227 * 1024 - 1024) / kStage;
-  // A step refills the slot of the stage kLag before it (see accumulate): with 3 stages the one just released,
-  // which the block's warpgroups must all have left; with more, the one before, so that they need not keep step.
+  // Stage s refills the slot of stage s - kLag (see accumulate): with 3 stages the one just released, which the
+  // block's warpgroups must all have left; with more, the one before, so that they need not keep step.
   static constexpr int kLag = kStages >= 4 ? 2 : 1;
   static constexpr int kOutRow = kWgN + 8;  // staged output row, padded so the fragment scatter hits all banks
   static constexpr int kPipeBytes = kStages * kStage;
