@@ -337,7 +337,7 @@ def test_gpu_wgmma_whole_tiles_in_a_nearly_full_round(dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_wgmma_up_to_the_dense_threshold(dtype):
-    """On Hopper the fused kernel takes M up to `wgmma_dense_from_m` - 1 (2047: 8 rows of 256-row tiles, the last
+    """On Hopper the fused kernel takes M up to `wgmma_dense_from_m` - 1 (2047: 8 row tiles of 256 rows, the last
     partly past M), dequantize + cuBLAS from there on; with a bias, on a layer whose tiles take several rounds."""
     qw = random_quantized_weight(4096, 11008, 128, sym=False, act_order=True, device="cuda", bias=True)
     check_rows(qw, dtype, (1536, 1800, 2047, 2048))
