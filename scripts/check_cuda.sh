@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Compile-check every csrc/*/*.cu for sm_80 and sm_90a (what build.py targets on Hopper) with nvcc
-# (no GPU needed), using the flags torch's extension builder adds. Fails on the first compiler error.
+# (no GPU needed), using the flags torch's extension builder adds, and the CUDA benchmarks (benchmarks/*.cu, Hopper
+# programs) for sm_90a. Fails on the first compiler error.
 # VERBOSE=1 prints ptxas's register / spill report.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,15 +16,16 @@ shopt -s nullglob
 sources=(csrc/*/*.cu)
 [ ${#sources[@]} -gt 0 ] || { echo "check_cuda.sh: no csrc/*/*.cu" >&2; exit 1; }
 pids=()
-for src in "${sources[@]}"; do
-  for arch in 80 90a; do
-    obj="$out/$(basename "$(dirname "$src")")_$(basename "$src" .cu)_sm$arch.o"
-    echo "nvcc -gencode=arch=compute_$arch,code=sm_$arch -c $src"
-    "$NVCC" "${FLAGS[@]}" -gencode=arch=compute_$arch,code=sm_$arch -c "$src" -o "$obj" &
-    pids+=($!)
-  done
-done
+compile() {  # compile <source> <arch> [nvcc options]
+  local src=$1 arch=$2 obj="$out/$(basename "$(dirname "$1")")_$(basename "$1" .cu)_sm$2.o"
+  shift 2
+  echo "nvcc -gencode=arch=compute_$arch,code=sm_$arch $* -c $src"
+  "$NVCC" "${FLAGS[@]}" "$@" -gencode=arch=compute_$arch,code=sm_$arch -c "$src" -o "$obj" &
+  pids+=($!)
+}
+for src in "${sources[@]}"; do compile "$src" 80; compile "$src" 90a; done
+for src in benchmarks/*.cu; do compile "$src" 90a -I csrc/marlin; done
 status=0
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-[ $status = 0 ] && echo "check_cuda.sh: all sources compile for sm_80 and sm_90a"
+[ $status = 0 ] && echo "check_cuda.sh: all sources compile (kernels for sm_80 and sm_90a, benchmarks for sm_90a)"
 exit $status

@@ -9,14 +9,17 @@
 // Orientation: wgmma takes its A operand from registers or shared memory, its B operand only from
 //   shared memory. The weight is dequantized in registers, so the kernel computes the transposed product
 //   out^T[N, M] = W^T[N, K] x^T[K, M]: A = W^T (64 output features x 16 k per instruction) and B = x^T,
-//   whose "K-major" shared layout is simply rows of x. One m64nBMk16 instruction multiplies 64 output
-//   features by the block's BM activation rows. At BM = 64 that instruction runs at about half the tensor
-//   rate per product (M = 64 without dequantization: 121 us on 70B-up against ~61 at the peak), yet the
-//   other orientation (tokens as A from shared memory, the weights dequantized into shared memory as B) was
-//   33-50% slower still (2026-11-30-wgmma-warpgroups.md). Narrower instructions hardly take less time: with
+//   whose "K-major" shared layout is simply rows of x. One m64nBMk16 instruction multiplies 64 output features by
+//   the block's BM activation rows. Alone, that instruction runs at the full tensor rate from BM = 64
+//   (benchmarks/wgmma_rate.cu: 32 cycles an SM for m64n64k16, A from registers or from shared memory alike); what
+//   slows M = 64 down is the dequantization in the same warps, which overlaps the tensor work only in part (there:
+//   73% of the peak with the kernel's arithmetic between the groups of 4 warpgroups, 97% at BM = 128). Feeding the
+//   dequantized weights through shared memory instead (stmatrix, then A from shared memory) reached 57% there, and
+//   the other orientation (tokens as A from shared memory, the weights dequantized into shared memory as B) was
+//   33-50% slower in the kernel (2026-11-30-wgmma-warpgroups.md). Narrower instructions hardly take less time: with
 //   8-, 16- and 32-row tiles, 70B-up took 126-141 us at M = 1..32 against 150-153 on 64-row tiles, so the
-//   instruction count (one per 64 features x 16 k, whatever BM) sets the pace at small M, and decode.cu's
-//   mma.sync is 1.3-2x faster up to 16 rows (2026-12-01-wgmma-small-tiles.md).
+//   instruction count (one per 64 features x 16 k, whatever BM) sets the pace at small M, and decode.cu's mma.sync
+//   is 1.3-2x faster up to 16 rows (2026-12-01-wgmma-small-tiles.md).
 // Weight fragments: the A fragment of warp w of a warpgroup (rows 16w..16w+15 of the 64) is laid out
 //   like mma.m16n8k16's A fragment. In the marlin layout, word j of a lane's uint4 (one 16 x 64 tile)
 //   dequantizes to the B fragments of subtiles 2j and 2j + 1, which together are exactly that A fragment
@@ -56,6 +59,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "wgmma_ptx.cuh"
 
 // Built for GPUs other than sm_90a, the kernel's body is compiled out (it only traps), and the
 // front end would warn that the helpers it uses are unused.
@@ -103,31 +107,6 @@ struct WgTile {
 };
 
 // ---------------------------------------------------------------------------------------------
-// wgmma wrappers
-// ---------------------------------------------------------------------------------------------
-// Shared-memory matrix descriptor of a K-major operand with 128-byte swizzle: start address,
-// leading byte offset (unused with this swizzle: 1), stride byte offset 1024 (between 8-row atoms),
-// swizzle mode 1 in bits 62-63 (all addresses in units of 16 bytes).
-// Its high word is the same for every stage: only the low word (start address and leading byte offset) is
-// computed, in 32 bits, and the constant high word is joined to it at the instruction.
-__device__ __forceinline__ uint32_t swizzled_descriptor_low(uint32_t address) {
-  return ((address & 0x3ffffu) >> 4) | (1u << 16);
-}
-__device__ __forceinline__ uint64_t swizzled_descriptor(uint32_t low) {
-  return ((uint64_t)((1024 >> 4) | (1u << 30)) << 32) | low;
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-// Orders this thread's generic-proxy accesses of shared memory (ld.shared) before later async-proxy
-// ones (the bulk copies that refill the stage).
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// ---------------------------------------------------------------------------------------------
 // mbarriers and bulk copies (the Hopper copy engine: async proxy, completion counted in bytes)
 // ---------------------------------------------------------------------------------------------
 __device__ __forceinline__ void init_barrier(uint64_t* bar, int count) {
@@ -161,70 +140,6 @@ __device__ __forceinline__ void load_tile(void* dst, const CUtensorMap* map, int
 // Keeps the compiler from moving reads of an accumulator above the wgmma wait.
 __device__ __forceinline__ void fence_register(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
-#define LQ_D4(d, o) "+f"(d[(o)]), "+f"(d[(o) + 1]), "+f"(d[(o) + 2]), "+f"(d[(o) + 3])
-#define LQ_D16(d, o) LQ_D4(d, o), LQ_D4(d, (o) + 4), LQ_D4(d, (o) + 8), LQ_D4(d, (o) + 12)
-#define LQ_D32(d, o) LQ_D16(d, o), LQ_D16(d, (o) + 16)
-#define LQ_D64(d, o) LQ_D32(d, o), LQ_D32(d, (o) + 32)
-#define LQ_D128(d, o) LQ_D64(d, o), LQ_D64(d, (o) + 64)
-#define LQ_D80(d, o) LQ_D64(d, o), LQ_D16(d, (o) + 64)
-#define LQ_A4(a) "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
-#define LQ_WGMMA_OPERANDS_32                                                                          \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, " \
-  "1, 1, 0;\n"
-#define LQ_WGMMA_OPERANDS_64                                                                               \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
-  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n"
-#define LQ_WGMMA_OPERANDS_128                                                                              \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
-  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, "  \
-  "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "  \
-  "%62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n"
-#define LQ_WGMMA_OPERANDS_256 \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
-  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, " \
-  "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, " \
-  "%59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, " \
-  "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, " \
-  "%97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, " \
-  "%113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n"
-#define LQ_WGMMA_OPERANDS_160 \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, " \
-  "%39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, " \
-  "%58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, " \
-  "%77, %78, %79}, {%80, %81, %82, %83}, %84, p, 1, 1, 0;\n"
-// scale-d is the predicate p (accumulate into d, or overwrite it): its operand follows the descriptor.
-#define LQ_WGMMA(N, TYPE, PRED)                                                                      \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, %" #PRED ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE \
-  "." TYPE " " LQ_WGMMA_OPERANDS_##N "}\n"
-
-// d[64 x N] = A[64 x 16] (this thread's fragment `a`, registers) * B[16 x N] (shared memory, `desc`),
-// plus d if `accumulate`; d is this thread's N / 2 accumulators. (Starting with accumulate = 0 rather
-// than zeroing d keeps ordinary instructions from writing the accumulators, which makes ptxas
-// serialize the wgmmas.)
-template <typename T, int N>
-__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
-  if constexpr (N == 32) {
-    if constexpr (kBf16) asm volatile(LQ_WGMMA(32, "bf16", 21) : LQ_D16(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
-    else asm volatile(LQ_WGMMA(32, "f16", 21) : LQ_D16(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
-  } else if constexpr (N == 64) {
-    if constexpr (kBf16) asm volatile(LQ_WGMMA(64, "bf16", 37) : LQ_D32(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
-    else asm volatile(LQ_WGMMA(64, "f16", 37) : LQ_D32(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
-  } else if constexpr (N == 128) {
-    if constexpr (kBf16) asm volatile(LQ_WGMMA(128, "bf16", 69) : LQ_D64(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
-    else asm volatile(LQ_WGMMA(128, "f16", 69) : LQ_D64(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
-  } else if constexpr (N == 160) {
-    if constexpr (kBf16) asm volatile(LQ_WGMMA(160, "bf16", 85) : LQ_D80(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
-    else asm volatile(LQ_WGMMA(160, "f16", 85) : LQ_D80(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
-  } else {
-    static_assert(N == 256, "wgmma_rs is written for 32, 64, 128, 160 and 256 columns");
-    if constexpr (kBf16) asm volatile(LQ_WGMMA(256, "bf16", 133) : LQ_D128(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
-    else asm volatile(LQ_WGMMA(256, "f16", 133) : LQ_D128(d, 0) : LQ_A4(a), "l"(desc), "r"(accumulate));
-  }
-#endif
-}
 
 template <typename T>
 __device__ __forceinline__ T from_float(float v) {
