@@ -132,29 +132,144 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1)
 #endif
 }
 
+// ---------------------------------------------------------------------------------------------
+// Decode shapes: the tokens (M <= 32) as wgmma's N, the weights dequantized as above
+// ---------------------------------------------------------------------------------------------
+// Each warpgroup takes one 64-feature tile, as in wgmma.cu, and reads its weight words from a ring of 8 half stages
+// in shared memory the way that kernel does (warp w reads word w of each lane's 16 bytes: 4-way bank conflicts).
+// Two ways to dequantize:
+//   full    the kernel's arithmetic (each pair scaled and shifted by its zero point; one accumulator set), with the
+//           group's constants read every 128 k;
+//   biased  the codes enter as 128 + q (a shift and a lop3 a pair, as decode.cu feeds mma.sync), each group of 128 k
+//           into fresh accumulators, and a finished group is added to the total with two fma an accumulator
+//           (out += s acc - s (128 + z) sum(x): the scales, zero-point terms and the tokens' sums read per group).
+constexpr int kRingHalves = 8;
+
+template <int N, bool kBiased, int kWarpgroups>
+__global__ void __launch_bounds__(128 * kWarpgroups, 1)
+    decode_kernel(const uint4* init, float* out, long long* cycles) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + (1024 - smem_address(smem_raw) % 1024) % 1024;
+  constexpr int kBBytes = N * 128 < 1024 ? 1024 : N * 128;  // (at least one swizzle atom)
+  constexpr int kWordBytes = kRingHalves * 4 * kWarpgroups * 512;
+  constexpr int kBytes = kBBytes + kWordBytes + 256 * 16;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, wg = warp / 4, w = warp % 4;
+  for (int i = tid; i < kBytes / 16; i += blockDim.x) reinterpret_cast<uint4*>(smem)[i] = init[i];
+  fence_proxy_async();
+  __syncthreads();
+
+  const uint32_t b_low = swizzled_descriptor_low(smem_address(smem));
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(smem + kBBytes) + wg * 128 + lane * 4 + w;
+  const float4* params = reinterpret_cast<const float4*>(smem + kBBytes + kWordBytes);  // 256 per group, any values
+  const uint32_t* param_words = reinterpret_cast<const uint32_t*>(params);
+  WordConstants<__nv_bfloat16> consts;
+  uint32_t fragments[2][4][4];
+  float acc[N / 2], total[N / 2];
+  for (int j = 0; j < N / 2; ++j) total[j] = 0.f;
+
+  auto dequantize_half = [&](int s, int h) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint32_t q = words[((h % kRingHalves) * 4 + kk) * kWarpgroups * 128];
+      uint32_t b[4];
+      if constexpr (kBiased) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) b[i] = mask_or(q >> (4 * i), 0x000f000fu, Dtype<__nv_bfloat16>::kMagic);
+      } else {
+        consts.dequant(q, b);
+      }
+      uint32_t(&a)[4] = fragments[s][kk];
+      a[0] = b[0], a[1] = b[2], a[2] = b[1], a[3] = b[3];
+    }
+  };
+  auto issue = [&](int s, float (&d)[N / 2], bool fresh) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_rs<__nv_bfloat16, N>(d, fragments[s][kk], swizzled_descriptor(b_low + 2 * kk), !fresh || kk > 0);
+    wgmma_commit();
+    wgmma_wait<1>();
+  };
+  // Accumulator j: feature g or g + 8 (j % 4 >= 2), token column 8 (j / 4) + 2 (lane % 4) + j % 2.
+  auto add_group = [&](const float (&d)[N / 2], int group) {
+    const float4 p = params[(group * 128 + tid % 128) % 256];  // scales and zero-point terms of the two features
+    float4 sums[N >= 16 ? N / 16 : 1];                        // the tokens' activation sums
+#pragma unroll
+    for (int i = 0; i < (N >= 16 ? N / 16 : 1); ++i) sums[i] = params[(group * 7 + i * 32 + lane) % 256];
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) {
+      const float* sum = reinterpret_cast<const float*>(sums);
+      const bool high = j % 4 >= 2;
+      total[j] = fmaf(d[j], high ? p.y : p.x, fmaf(high ? p.w : p.z, sum[(j / 4 * 2 + j % 2) % 4], total[j]));
+    }
+  };
+
+  const long long start = clock64();
+  if constexpr (kBiased) {
+    // A group's sums are read once its wgmmas are all done (ptxas serializes the wgmmas if the accumulators of one
+    // are read while another is in flight, even another set's): the warpgroup drains at each group's end, while the
+    // block's other warpgroups keep the tensor cores busy.
+#pragma unroll 1
+    for (int h = 0; h + 2 <= kHalves; h += 2) {
+      dequantize_half(0, h);
+      issue(0, acc, true);
+      dequantize_half(1, h + 1);
+      issue(1, acc, false);
+      wgmma_wait<0>();
+      add_group(acc, h / 2);
+    }
+  } else {
+#pragma unroll 1
+    for (int h = 0; h + 2 <= kHalves; h += 2) {
+      consts.load(param_words[(h * 64 + tid) % 1024], param_words[(h * 64 + tid + 512) % 1024]);
+      dequantize_half(0, h);
+      issue(0, acc, h == 0);
+      dequantize_half(1, h + 1);
+      issue(1, acc, false);
+    }
+    wgmma_wait<0>();
+    for (int j = 0; j < N / 2; ++j) total[j] = acc[j];
+  }
+  const long long end = clock64();
+  if (blockIdx.x == 0)
+    for (int j = 0; j < N / 2; ++j) out[j * blockDim.x + tid] = total[j];
+  if (tid % 128 == 0) cycles[blockIdx.x * kWarpgroups + wg] = end - start;
+#endif
+}
+
 struct Result {
   double cycles_per_instruction, percent_of_peak;
 };
 
-template <int N, AFrom kA, int kWarpgroups, int kSets = 2>
-Result run(int sms, const uint4* init, float* out, long long* cycles, std::vector<float>* sums) {
-  static_assert(kA != AFrom::kStored || kSets == 2, "stored: two A tiles");
-  auto kernel = rate_kernel<N, kA, kWarpgroups, kSets>;
-  const int smem = N * 128 + kWarpgroups * 2 * kABytes + 1024;
+using Kernel = void (*)(const uint4*, float*, long long*);
+
+// Runs `kernel` on every SM (twice: the first warms up) and returns the slowest warpgroup's cycles per instruction
+// (an SM issues `instructions` of N columns); `sums` gets block 0's accumulators.
+Result time_kernel(Kernel kernel, int sms, int threads, int smem, double instructions, int N, const uint4* init,
+                   float* out, long long* cycles, std::vector<float>* sums) {
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  for (int i = 0; i < 2; ++i) kernel<<<sms, 128 * kWarpgroups, smem>>>(init, out, cycles);  // (the first warms up)
+  for (int i = 0; i < 2; ++i) kernel<<<sms, threads, smem>>>(init, out, cycles);
   if (cudaDeviceSynchronize() != cudaSuccess) {
     std::printf("launch failed: %s\n", cudaGetErrorString(cudaGetLastError()));
     std::exit(1);
   }
-  std::vector<long long> c(sms * kWarpgroups);
+  std::vector<long long> c(sms * threads / 128);
   cudaMemcpy(c.data(), cycles, c.size() * sizeof(long long), cudaMemcpyDeviceToHost);
   long long most = 0;
   for (long long v : c) most = v > most ? v : most;
-  sums->resize(N / 2 * 128 * kWarpgroups);
+  sums->resize(N / 2 * threads);
   cudaMemcpy(sums->data(), out, sums->size() * sizeof(float), cudaMemcpyDeviceToHost);
-  const double per_instruction = most / (4.0 * (kHalves / kSets * kSets) * kWarpgroups);  // an SM's instructions
+  const double per_instruction = most / instructions;
   return {per_instruction, 100.0 * (N / 2) / per_instruction};
+}
+
+template <int N, AFrom kA, int kWarpgroups, int kSets = 2>
+Result run(int sms, const uint4* init, float* out, long long* cycles, std::vector<float>* sums) {
+  static_assert(kA != AFrom::kStored || kSets == 2, "stored: two A tiles");
+  return time_kernel(rate_kernel<N, kA, kWarpgroups, kSets>, sms, 128 * kWarpgroups,
+                     N * 128 + kWarpgroups * 2 * kABytes + 1024, 4.0 * (kHalves / kSets * kSets) * kWarpgroups, N, init,
+                     out, cycles, sums);
 }
 
 template <int N, int kWarpgroups>
@@ -181,6 +296,25 @@ void row(int sms, const uint4* init, float* out, long long* cycles) {
     else std::printf(" - |");
   }
   std::printf(" %.1f | %.1e |\n", a.cycles_per_instruction, std::sqrt(diff / norm));
+}
+
+// The time a 70B-up layer (8192 x 57344: 3475 instructions of 64 features x 16 k an SM) would take at `cycles` an
+// instruction and 1.55 GHz (the clock of marlin's M = 64 benchmark on the H200).
+double us_70b_up(double cycles) { return 8192.0 / 16 * 57344 / 64 / 132 * cycles / 1550.0; }
+
+template <int N, int kWarpgroups>
+void decode_row(int sms, const uint4* init, float* out, long long* cycles) {
+  std::vector<float> unused;
+  const int smem = (N * 128 < 1024 ? 1024 : N * 128) + kRingHalves * 4 * kWarpgroups * 512 + 256 * 16 + 1024;
+  const Result r = run<N, AFrom::kRegisters, kWarpgroups>(sms, init, out, cycles, &unused);
+  const Result f = time_kernel(decode_kernel<N, false, kWarpgroups>, sms, 128 * kWarpgroups, smem,
+                               4.0 * kHalves * kWarpgroups, N, init, out, cycles, &unused);
+  const Result b = time_kernel(decode_kernel<N, true, kWarpgroups>, sms, 128 * kWarpgroups, smem,
+                               4.0 * kHalves * kWarpgroups, N, init, out, cycles, &unused);
+  std::printf("| m64n%dk16 | %d |", N, kWarpgroups);
+  for (const Result& x : {r, f, b})
+    std::printf(" %.1f (%.0f us) |", x.cycles_per_instruction, us_70b_up(x.cycles_per_instruction));
+  std::printf("\n");
 }
 
 int main() {
@@ -221,5 +355,12 @@ int main() {
   row<128, 4>(sms, init, out, cycles);
   row<256, 1>(sms, init, out, cycles);
   row<256, 2>(sms, init, out, cycles);
+  std::printf("\nDecode shapes: cycles an SM per instruction (a 70B-up layer's instructions at 1.55 GHz), the weight "
+              "words read as wgmma.cu reads them\n\n| instruction | warpgroups a block | registers | "
+              "full dequantization | biased codes, groups scaled in fp32 |\n|---|---:|---:|---:|---:|\n");
+  decode_row<8, 4>(sms, init, out, cycles);
+  decode_row<16, 2>(sms, init, out, cycles);
+  decode_row<16, 4>(sms, init, out, cycles);
+  decode_row<32, 4>(sms, init, out, cycles);
   return 0;
 }

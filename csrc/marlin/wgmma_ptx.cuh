@@ -40,12 +40,16 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 #define LQ_D16(d, o) LQ_D4(d, o), LQ_D4(d, (o) + 4), LQ_D4(d, (o) + 8), LQ_D4(d, (o) + 12)
 #define LQ_D32(d, o) LQ_D16(d, o), LQ_D16(d, (o) + 16)
 #define LQ_D64(d, o) LQ_D32(d, o), LQ_D32(d, (o) + 32)
+#define LQ_D_8(d) LQ_D4(d, 0)
+#define LQ_D_16(d) LQ_D4(d, 0), LQ_D4(d, 4)
 #define LQ_D_32(d) LQ_D16(d, 0)
 #define LQ_D_64(d) LQ_D32(d, 0)
 #define LQ_D_128(d) LQ_D64(d, 0)
 #define LQ_D_160(d) LQ_D64(d, 0), LQ_D16(d, 64)
 #define LQ_D_256(d) LQ_D64(d, 0), LQ_D64(d, 64)
 #define LQ_A4(a) "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
+#define LQ_ACC_8 "{%0, %1, %2, %3}"
+#define LQ_ACC_16 "{%0, %1, %2, %3, %4, %5, %6, %7}"
 #define LQ_ACC_32 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define LQ_ACC_64 \
@@ -70,6 +74,14 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
   "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, " \
   "%97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, " \
   "%113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
+#define LQ_RS_TAIL_8 ", {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n"
+#define LQ_RS_PRED_8 "9"
+#define LQ_SS_TAIL_8 ", %4, %5, p, 1, 1, 0, 0;\n"
+#define LQ_SS_PRED_8 "6"
+#define LQ_RS_TAIL_16 ", {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n"
+#define LQ_RS_PRED_16 "13"
+#define LQ_SS_TAIL_16 ", %8, %9, p, 1, 1, 0, 0;\n"
+#define LQ_SS_PRED_16 "10"
 #define LQ_RS_TAIL_32 ", {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
 #define LQ_RS_PRED_32 "21"
 #define LQ_SS_TAIL_32 ", %16, %17, p, 1, 1, 0, 0;\n"
@@ -106,8 +118,11 @@ template <typename T, int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
-  static_assert(N == 32 || N == 64 || N == 128 || N == 160 || N == 256, "wgmma_rs: 32, 64, 128, 160 or 256 columns");
-  if constexpr (N == 32) { LQ_WGMMA_CALL(RS, 32, LQ_A4(a)); }
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 160 || N == 256,
+                "wgmma_rs: 8, 16, 32, 64, 128, 160 or 256 columns");
+  if constexpr (N == 8) { LQ_WGMMA_CALL(RS, 8, LQ_A4(a)); }
+  else if constexpr (N == 16) { LQ_WGMMA_CALL(RS, 16, LQ_A4(a)); }
+  else if constexpr (N == 32) { LQ_WGMMA_CALL(RS, 32, LQ_A4(a)); }
   else if constexpr (N == 64) { LQ_WGMMA_CALL(RS, 64, LQ_A4(a)); }
   else if constexpr (N == 128) { LQ_WGMMA_CALL(RS, 128, LQ_A4(a)); }
   else if constexpr (N == 160) { LQ_WGMMA_CALL(RS, 160, LQ_A4(a)); }
@@ -120,8 +135,11 @@ template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t a_desc, uint64_t desc, int accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
-  static_assert(N == 32 || N == 64 || N == 128 || N == 160 || N == 256, "wgmma_ss: 32, 64, 128, 160 or 256 columns");
-  if constexpr (N == 32) { LQ_WGMMA_CALL(SS, 32, "l"(a_desc)); }
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 160 || N == 256,
+                "wgmma_ss: 8, 16, 32, 64, 128, 160 or 256 columns");
+  if constexpr (N == 8) { LQ_WGMMA_CALL(SS, 8, "l"(a_desc)); }
+  else if constexpr (N == 16) { LQ_WGMMA_CALL(SS, 16, "l"(a_desc)); }
+  else if constexpr (N == 32) { LQ_WGMMA_CALL(SS, 32, "l"(a_desc)); }
   else if constexpr (N == 64) { LQ_WGMMA_CALL(SS, 64, "l"(a_desc)); }
   else if constexpr (N == 128) { LQ_WGMMA_CALL(SS, 128, "l"(a_desc)); }
   else if constexpr (N == 160) { LQ_WGMMA_CALL(SS, 160, "l"(a_desc)); }
