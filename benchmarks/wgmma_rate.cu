@@ -12,6 +12,9 @@
 //   shared+alu   wgmma_ss from the fixed tile while the same warps do that dequantization beside it (results
 //                folded into one register): whether the arithmetic overlaps the tensor work;
 //   alu only     the dequantization alone, no wgmma.
+// A second table (decode_kernel) asks the same at decode sizes, N = 8..32 tokens, with the weight words read as the
+// kernel reads them and, beside the kernel's dequantization, decode.cu's cheaper one (biased codes, groups scaled in
+// fp32).
 // B is N activation rows x 64 k in shared memory with the 128-byte swizzle, as in the kernel. Each warpgroup
 // issues groups of 4 instructions (one 64-k half), one group in flight while it prepares the next (as the kernel
 // does) unless said otherwise; 1, 2 or 4 warpgroups a block, one block an SM, every SM busy. `stored` is checked
