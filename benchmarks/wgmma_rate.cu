@@ -348,22 +348,15 @@ int main() {
   std::printf("| instruction | warpgroups a block | registers | shared | stored | dequantized | "
               "dequantized, 2 in flight | shared+alu | alu only | "
               "stored vs registers |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-  row<32, 2>(sms, init, out, cycles);
-  row<32, 4>(sms, init, out, cycles);
-  row<64, 1>(sms, init, out, cycles);
-  row<64, 2>(sms, init, out, cycles);
-  row<64, 4>(sms, init, out, cycles);
-  row<128, 1>(sms, init, out, cycles);
-  row<128, 2>(sms, init, out, cycles);
-  row<128, 4>(sms, init, out, cycles);
-  row<256, 1>(sms, init, out, cycles);
-  row<256, 2>(sms, init, out, cycles);
+  row<32, 2>(sms, init, out, cycles), row<32, 4>(sms, init, out, cycles);
+  row<64, 1>(sms, init, out, cycles), row<64, 2>(sms, init, out, cycles), row<64, 4>(sms, init, out, cycles);
+  row<128, 1>(sms, init, out, cycles), row<128, 2>(sms, init, out, cycles), row<128, 4>(sms, init, out, cycles);
+  row<256, 1>(sms, init, out, cycles), row<256, 2>(sms, init, out, cycles);
   std::printf("\nDecode shapes: cycles an SM per instruction (a 70B-up layer's instructions at 1.55 GHz), the weight "
               "words read as wgmma.cu reads them\n\n| instruction | warpgroups a block | registers | "
               "full dequantization | biased codes, groups scaled in fp32 |\n|---|---:|---:|---:|---:|\n");
   decode_row<8, 4>(sms, init, out, cycles);
-  decode_row<16, 2>(sms, init, out, cycles);
-  decode_row<16, 4>(sms, init, out, cycles);
+  decode_row<16, 2>(sms, init, out, cycles), decode_row<16, 4>(sms, init, out, cycles);
   decode_row<32, 4>(sms, init, out, cycles);
   return 0;
 }

@@ -140,7 +140,6 @@ __device__ __forceinline__ void load_tile(void* dst, const CUtensorMap* map, int
 // Keeps the compiler from moving reads of an accumulator above the wgmma wait.
 __device__ __forceinline__ void fence_register(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
-
 template <typename T>
 __device__ __forceinline__ T from_float(float v) {
   if constexpr (std::is_same<T, half>::value) return __float2half_rn(v);

@@ -103,12 +103,25 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 #define LQ_SS_TAIL_256 ", %128, %129, p, 1, 1, 0, 0;\n"
 #define LQ_SS_PRED_256 "130"
 // scale-d is the predicate p (accumulate into d, or overwrite it). FORM is RS or SS.
-#define LQ_WGMMA(FORM, N, TYPE)                                                                                  \
+#define LQ_WGMMA(FORM, N, TYPE)                                                                                      \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %" LQ_##FORM##_PRED_##N ", 0;\nwgmma.mma_async.sync.aligned.m64n" #N \
   "k16.f32." TYPE "." TYPE " " LQ_ACC_##N LQ_##FORM##_TAIL_##N "}\n"
-#define LQ_WGMMA_CALL(FORM, N, A_OPERANDS)                                                                 \
-  if constexpr (kBf16) asm volatile(LQ_WGMMA(FORM, N, "bf16") : LQ_D_##N(d) : A_OPERANDS, "l"(desc), "r"(accumulate)); \
-  else asm volatile(LQ_WGMMA(FORM, N, "f16") : LQ_D_##N(d) : A_OPERANDS, "l"(desc), "r"(accumulate))
+#define LQ_WGMMA_CALL(FORM, N, ...)                                                                                  \
+  if constexpr (std::is_same<T, __nv_bfloat16>::value)                                                               \
+    asm volatile(LQ_WGMMA(FORM, N, "bf16") : LQ_D_##N(d) : __VA_ARGS__, "l"(desc), "r"(accumulate));                 \
+  else                                                                                                               \
+    asm volatile(LQ_WGMMA(FORM, N, "f16") : LQ_D_##N(d) : __VA_ARGS__, "l"(desc), "r"(accumulate))
+// The instruction for the N of the caller (a template parameter); the arguments are A's asm operands.
+#define LQ_WGMMA_ANY_N(FORM, ...)                                                                                    \
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 160 || N == 256,                         \
+                "wgmma: 8, 16, 32, 64, 128, 160 or 256 columns");                                                    \
+  if constexpr (N == 8) { LQ_WGMMA_CALL(FORM, 8, __VA_ARGS__); }                                                     \
+  else if constexpr (N == 16) { LQ_WGMMA_CALL(FORM, 16, __VA_ARGS__); }                                              \
+  else if constexpr (N == 32) { LQ_WGMMA_CALL(FORM, 32, __VA_ARGS__); }                                              \
+  else if constexpr (N == 64) { LQ_WGMMA_CALL(FORM, 64, __VA_ARGS__); }                                              \
+  else if constexpr (N == 128) { LQ_WGMMA_CALL(FORM, 128, __VA_ARGS__); }                                            \
+  else if constexpr (N == 160) { LQ_WGMMA_CALL(FORM, 160, __VA_ARGS__); }                                            \
+  else { LQ_WGMMA_CALL(FORM, 256, __VA_ARGS__); }
 
 // d[64 x N] = A[64 x 16] (this thread's fragment `a`, registers) * B[16 x N] (shared memory, `desc`),
 // plus d if `accumulate`; d is this thread's N / 2 accumulators. (Starting with accumulate = 0 rather
@@ -117,16 +130,7 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
-  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 160 || N == 256,
-                "wgmma_rs: 8, 16, 32, 64, 128, 160 or 256 columns");
-  if constexpr (N == 8) { LQ_WGMMA_CALL(RS, 8, LQ_A4(a)); }
-  else if constexpr (N == 16) { LQ_WGMMA_CALL(RS, 16, LQ_A4(a)); }
-  else if constexpr (N == 32) { LQ_WGMMA_CALL(RS, 32, LQ_A4(a)); }
-  else if constexpr (N == 64) { LQ_WGMMA_CALL(RS, 64, LQ_A4(a)); }
-  else if constexpr (N == 128) { LQ_WGMMA_CALL(RS, 128, LQ_A4(a)); }
-  else if constexpr (N == 160) { LQ_WGMMA_CALL(RS, 160, LQ_A4(a)); }
-  else { LQ_WGMMA_CALL(RS, 256, LQ_A4(a)); }
+  LQ_WGMMA_ANY_N(RS, LQ_A4(a))
 #endif
 }
 
@@ -134,16 +138,7 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t a_desc, uint64_t desc, int accumulate) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr bool kBf16 = std::is_same<T, __nv_bfloat16>::value;
-  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 160 || N == 256,
-                "wgmma_ss: 8, 16, 32, 64, 128, 160 or 256 columns");
-  if constexpr (N == 8) { LQ_WGMMA_CALL(SS, 8, "l"(a_desc)); }
-  else if constexpr (N == 16) { LQ_WGMMA_CALL(SS, 16, "l"(a_desc)); }
-  else if constexpr (N == 32) { LQ_WGMMA_CALL(SS, 32, "l"(a_desc)); }
-  else if constexpr (N == 64) { LQ_WGMMA_CALL(SS, 64, "l"(a_desc)); }
-  else if constexpr (N == 128) { LQ_WGMMA_CALL(SS, 128, "l"(a_desc)); }
-  else if constexpr (N == 160) { LQ_WGMMA_CALL(SS, 160, "l"(a_desc)); }
-  else { LQ_WGMMA_CALL(SS, 256, "l"(a_desc)); }
+  LQ_WGMMA_ANY_N(SS, "l"(a_desc))
 #endif
 }
 
