@@ -197,14 +197,14 @@ __global__ void __launch_bounds__(128 * kWarpgroups, 1)
   // Accumulator j: feature g or g + 8 (j % 4 >= 2), token column 8 (j / 4) + 2 (lane % 4) + j % 2.
   auto add_group = [&](const float (&d)[N / 2], int group) {
     const float4 p = params[(group * 128 + tid % 128) % 256];  // scales and zero-point terms of the two features
-    float4 sums[N >= 16 ? N / 16 : 1];                        // the tokens' activation sums
+    float4 sums[N >= 16 ? N / 16 : 1];  // the activation sums of the thread's N / 4 token columns
 #pragma unroll
     for (int i = 0; i < (N >= 16 ? N / 16 : 1); ++i) sums[i] = params[(group * 7 + i * 32 + lane) % 256];
+    const float* sum = reinterpret_cast<const float*>(sums);
 #pragma unroll
     for (int j = 0; j < N / 2; ++j) {
-      const float* sum = reinterpret_cast<const float*>(sums);
       const bool high = j % 4 >= 2;
-      total[j] = fmaf(d[j], high ? p.y : p.x, fmaf(high ? p.w : p.z, sum[(j / 4 * 2 + j % 2) % 4], total[j]));
+      total[j] = fmaf(d[j], high ? p.y : p.x, fmaf(high ? p.w : p.z, sum[j / 4 * 2 + j % 2], total[j]));
     }
   };
 
