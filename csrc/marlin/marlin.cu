@@ -467,20 +467,27 @@ namespace litquant_marlin {
 DeviceInfo current_device() {
   // Immutable facts, cached per device id: reading them costs microseconds, on every call otherwise.
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> cached[kMaxDevices];  // sms | major << 16 | minor << 24; 0 = not read yet
+  static std::atomic<int> cached[kMaxDevices];    // sms | major << 16 | minor << 24; 0 = not read yet
+  static std::atomic<int> cached_l2[kMaxDevices];  // L2 bytes (stored before `cached`)
   DeviceInfo info;
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return info;
-  int packed = device < kMaxDevices ? cached[device].load(std::memory_order_relaxed) : 0;
+  int packed = device < kMaxDevices ? cached[device].load(std::memory_order_acquire) : 0, l2 = 0;
   if (packed == 0) {
     if (cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
         cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&info.minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+        cudaDeviceGetAttribute(&info.minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device) != cudaSuccess)
       return DeviceInfo{};
     packed = info.sms | (info.major << 16) | (info.minor << 24);
-    if (device < kMaxDevices) cached[device].store(packed, std::memory_order_relaxed);
+    if (device < kMaxDevices) {
+      cached_l2[device].store(l2, std::memory_order_relaxed);
+      cached[device].store(packed, std::memory_order_release);
+    }
+  } else {
+    l2 = cached_l2[device].load(std::memory_order_relaxed);
   }
-  info.sms = packed & 0xffff, info.major = (packed >> 16) & 0xff, info.minor = packed >> 24;
+  info.sms = packed & 0xffff, info.major = (packed >> 16) & 0xff, info.minor = packed >> 24, info.l2_bytes = l2;
   static const bool pdl_allowed = [] {
     const char* setting = std::getenv("LITQUANT_PDL");
     return setting == nullptr || std::strcmp(setting, "0") != 0;

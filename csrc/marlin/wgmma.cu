@@ -500,7 +500,8 @@ int block_rows(int M) {
   return kRows[best];
 }
 
-WgmmaPlan plan_wgmma(int M, int K, int N, int sms) {
+WgmmaPlan plan_wgmma(int M, int K, int N, const DeviceInfo& device) {
+  const int sms = device.sms;
   WgmmaPlan p;
   p.bm = block_rows(M);
   const int columns = block_columns(p.bm);
@@ -516,7 +517,13 @@ WgmmaPlan plan_wgmma(int M, int K, int N, int sms) {
     return p;
   }
   w.splits = 1;
-  if (tiles % sms == 0 || 10 * (tiles % sms) >= 9 * sms) {  // the last round full or nearly: whole tiles only
+  // Whole tiles only where the last round is full or nearly, or where a tile group's activations (kGroupM row
+  // tiles of all of K) do not fit in L2: the blocks of a round start their tiles together and walk K in step, so
+  // each activation row is read from memory once a group; shared runs start at any k, out of step, and read the
+  // activations again (70B-down, K = 28672, M = 2048: 256-row tiles, 8 x 14.7 MB of a group against a 60 MB L2;
+  // stream-K 1752 us against cuBLAS's 1439, benchmarks/results/2026-12-02-dense-threshold-settled.log).
+  const int64_t group_activation_bytes = (int64_t)std::min((M + p.bm - 1) / p.bm, kGroupM) * p.bm * K * 2;
+  if (tiles % sms == 0 || 10 * (tiles % sms) >= 9 * sms || group_activation_bytes > device.l2_bytes) {
     w.whole_rounds = (tiles + sms - 1) / sms, w.shared_units = 0, w.units_per_block = 1;
     p.grid = std::min(tiles, sms), p.shared_tiles = 0;
     return p;
@@ -618,17 +625,17 @@ bool wgmma_serves(const DeviceInfo& device, int M, int N) {
 }
 
 int64_t wgmma_partial_floats(const DeviceInfo& device, int M, int K, int N) {
-  const WgmmaPlan plan = plan_wgmma(M, K, N, device.sms);
+  const WgmmaPlan plan = plan_wgmma(M, K, N, device);
   if (plan.work.splits > 1) return (int64_t)plan.work.splits * M * N;
   return plan.shared_tiles > 0 ? (int64_t)plan.grid * plan.bm * block_columns(plan.bm) : 0;  // a tile's sums per block
 }
 
 int64_t wgmma_lock_count(const DeviceInfo& device, int M, int K, int N) {
-  return plan_wgmma(M, K, N, device.sms).shared_tiles;
+  return plan_wgmma(M, K, N, device).shared_tiles;
 }
 
 const char* wgmma_gemm(const GemmArgs& args, bool is_bf16, const DeviceInfo& device, cudaStream_t stream) {
-  const WgmmaPlan plan = plan_wgmma(args.M, args.K, args.N, device.sms);
+  const WgmmaPlan plan = plan_wgmma(args.M, args.K, args.N, device);
   return is_bf16 ? dispatch_wgmma<__nv_bfloat16>(args, plan, device, stream)
                  : dispatch_wgmma<half>(args, plan, device, stream);
 }
