@@ -51,7 +51,8 @@
 // along K, the splits' fp32 partial sums added up by a second kernel (with the bias); any other layer
 // runs on one block per SM, each taking whole tiles and then an equal share of the remaining tiles' k
 // stages ("stream-K"), so that no wave runs part-empty, unless the last round of whole tiles is nearly
-// full. The output goes through shared memory, to be written in full 16-byte rows.
+// full or the activations of a group of tiles do not fit in L2. The output goes through shared memory, to be
+// written in full 16-byte rows.
 #include <cuda.h>  // CUtensorMap (the driver function is looked up at run time: no link to libcuda)
 #include <cudaTypedefs.h>
 

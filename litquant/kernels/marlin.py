@@ -180,8 +180,8 @@ class MarlinQuantLinear(QuantLinear):
     # six, at 2048 1-7% faster on five and 11% slower on 70B-down, at 3072 faster on three: dense from 2048.
     # Timed settled (each path after 0.5 s of its own calls, results/2026-12-02-dense-threshold-settled.log), and
     # with 70B-down's tiles whole past the L2 (wgmma.cu `plan_wgmma`), fused is faster than dense on all six at
-    # M=2048 and 3072, and on five of six at 4096, 6144 and 8192 (by 0-5%; 70B-qkv level at 4096); only 7B-down
-    # is 3-8% faster dense from 4096. Dense from 16384, where its dequantization is under ~1% of the call
+    # M=2048 and 3072, on five of six at 6144 and 8192 and on four at 4096 (by 0-5%; 70B-qkv level there); only
+    # 7B-down is 3-8% faster dense from 4096. Dense from 16384, where its dequantization is under ~1% of the call
     # (extrapolated: M > 8192 not timed).
     wgmma_dense_from_m: ClassVar[int] = 16384
     # 8-bit: the fused kernels do twice the tensor-core work (two planes), the dense path one dequantization
