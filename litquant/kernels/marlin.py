@@ -181,8 +181,8 @@ class MarlinQuantLinear(QuantLinear):
     # Timed settled (each path after 0.5 s of its own calls, results/2026-12-02-dense-threshold-settled.log), and
     # with 70B-down's tiles whole past the L2 (wgmma.cu `plan_wgmma`), fused is faster than dense on all six at
     # M=2048 and 3072, on five of six at 6144 and 8192 and on four at 4096 (by 0-5%; 70B-qkv level there); only
-    # 7B-down is 3-8% faster dense from 4096. Dense from 16384, where its dequantization is under ~1% of the call
-    # (extrapolated: M > 8192 not timed).
+    # 7B-down is 3-8% faster dense from 4096. Dense from 16384, where dense should be within ~1-2% of cuBLAS (2-4%
+    # at 8192; extrapolated: M > 8192 not timed).
     wgmma_dense_from_m: ClassVar[int] = 16384
     # 8-bit: the fused kernels do twice the tensor-core work (two planes), the dense path one dequantization
     # (litquant_marlin_dequant adds the planes). Level at M=192..256 (each faster on three layers), dense
