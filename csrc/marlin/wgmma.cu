@@ -523,7 +523,8 @@ WgmmaPlan plan_wgmma(int M, int K, int N, const DeviceInfo& device) {
   // each activation row is read from memory once a group; shared runs start at any k, out of step, and read the
   // activations again (70B-down, K = 28672, M = 2048: 256-row tiles, 8 x 14.7 MB of a group against a 60 MB L2;
   // stream-K 1752 us against cuBLAS's 1439, benchmarks/results/2026-12-02-dense-threshold-settled.log).
-  const int64_t group_activation_bytes = (int64_t)std::min((M + p.bm - 1) / p.bm, kGroupM) * p.bm * K * 2;
+  constexpr int kActivationBytes = 2;  // fp16 / bf16
+  const int64_t group_activation_bytes = (int64_t)std::min((M + p.bm - 1) / p.bm, kGroupM) * p.bm * K * kActivationBytes;
   if (tiles % sms == 0 || 10 * (tiles % sms) >= 9 * sms || group_activation_bytes > device.l2_bytes) {
     w.whole_rounds = (tiles + sms - 1) / sms, w.shared_units = 0, w.units_per_block = 1;
     p.grid = std::min(tiles, sms), p.shared_tiles = 0;
