@@ -32,6 +32,7 @@ import datetime
 import json
 import logging
 import math
+import os
 import statistics
 import sys
 import time
@@ -262,7 +263,8 @@ def benchmark(args: argparse.Namespace) -> dict:
     result = dict(meta=dict(device=props.name, torch=torch.__version__, triton=_version("triton"),
                             date=datetime.datetime.now().isoformat(timespec="seconds"), copy_TBps=copy_bps / 1e12,
                             l2_MiB=l2_bytes >> 20, bits=args.bits, group_size=args.group_size, sym=args.sym,
-                            settle_s=args.settle, command=" ".join(sys.argv)),
+                            settle_s=args.settle, cuda_arch=os.environ.get("LITQUANT_CUDA_ARCH") or None,
+                            command=" ".join(sys.argv)),
                   rows=rows, skipped=skipped, triton_configs=tuned)
     for dtype_name in args.dtypes:
         dtype = DTYPES[dtype_name]
@@ -333,6 +335,9 @@ def markdown(result: dict) -> str:
              f"device-to-device copy {meta['copy_TBps']:.2f} TB/s.",
              "Each cell: microseconds per call / speedup over dense cuBLAS / fraction of copy bandwidth"
              + (f", timed after {meta['settle_s']:g} s of the same calls." if meta.get("settle_s") else "."), ""]
+    if meta.get("cuda_arch"):
+        lines += [f"The CUDA kernels are built for compute capability {meta['cuda_arch']} (LITQUANT_CUDA_ARCH), "
+                  "as PTX that the driver compiled for this GPU: that GPU's code and paths, on this GPU.", ""]
     rows = result["rows"]
     for dtype in dict.fromkeys(r["dtype"] for r in rows):
         for shape in dict.fromkeys(r["shape"] for r in rows if r["dtype"] == dtype):

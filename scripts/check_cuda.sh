@@ -19,8 +19,8 @@ pids=()
 compile() {  # compile <source> <arch> [nvcc options]
   local src=$1 arch=$2 obj="$out/$(basename "$(dirname "$1")")_$(basename "$1" .cu)_sm$2.o"
   shift 2
-  echo "nvcc -gencode=arch=compute_$arch,code=sm_$arch $* -c $src"
-  "$NVCC" "${FLAGS[@]}" "$@" -gencode=arch=compute_$arch,code=sm_$arch -c "$src" -o "$obj" &
+  echo "nvcc -gencode=arch=compute_$arch,code=sm_$arch -DLITQUANT_TARGET_ARCH=${arch%a} $* -c $src"
+  "$NVCC" "${FLAGS[@]}" "$@" -gencode=arch=compute_$arch,code=sm_$arch -DLITQUANT_TARGET_ARCH=${arch%a} -c "$src" -o "$obj" &
   pids+=($!)
 }
 for src in "${sources[@]}"; do compile "$src" 80; compile "$src" 90a; done

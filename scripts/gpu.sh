@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine (run through the `device` tool, carrying .whl):
-#   bash scripts/gpu.sh [stage ...]      stages: build test kernels e2e gptq awq generate attention
+#   bash scripts/gpu.sh [stage ...]      stages: build test sm80 kernels e2e gptq awq generate attention
+#                                        (sm80: the marlin GPU tests on the Ampere build, LITQUANT_CUDA_ARCH=8.0)
 #                                        (default: build test kernels)
 # Installs the carried wheels, then runs each stage with its log (and JSON) under $OUT.
 set -uo pipefail
@@ -25,6 +26,8 @@ for stage in $stages; do
   case $stage in
     build)   run build python3 -m litquant kernels --build true ;;
     test)    run test python3 -m pytest -m gpu -q --no-header -p no:cacheprovider ${TEST_ARGS:-tests} ;;
+    sm80)    run sm80 env LITQUANT_CUDA_ARCH=8.0 python3 -m pytest -m gpu -q --no-header -p no:cacheprovider \
+               ${SM80_TEST_ARGS:-tests/test_marlin.py} ;;
     kernels) run kernels python3 benchmarks/kernels.py --out-dir "$OUT" ${KERNELS_ARGS:-} ;;
     e2e)     run e2e python3 benchmarks/e2e_decode.py --out_dir "$OUT" ${E2E_ARGS:-} ;;
     gptq)    run gptq python3 benchmarks/quantize_speed.py --out_dir "$OUT" ${GPTQ_ARGS:-} ;;

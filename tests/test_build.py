@@ -31,6 +31,36 @@ def test_cache_key_follows_sources_and_gpu_generation(fake_csrc, tmp_path):
     assert build.build_directory("demo", (9, 0)) != sm90
 
 
+def test_an_older_target_builds_apart(fake_csrc):
+    sm90 = build.build_directory("demo", (9, 0))
+    assert build.build_directory("demo", (9, 0), (9, 0)) == sm90
+    assert build.build_directory("demo", (9, 0), (8, 0)).name == sm90.name + "-ptx80"
+
+
+def test_target_capability_from_the_environment(monkeypatch):
+    monkeypatch.delenv("LITQUANT_CUDA_ARCH", raising=False)
+    assert build.target_capability((9, 0)) == (9, 0)
+    monkeypatch.setenv("LITQUANT_CUDA_ARCH", "8.0")
+    assert build.target_capability((9, 0)) == (8, 0)
+    assert build.target_capability((9, 0), " 8.6 ") == (8, 6)
+    assert build.target_capability((8, 6), "") == (8, 6)
+    with pytest.raises(build.BuildError, match="expected a compute capability such as 8.0"):
+        build.target_capability((9, 0), "sm_80")
+    with pytest.raises(build.BuildError, match="sm_80 up to this GPU's own sm_86, not sm_90"):
+        build.target_capability((8, 6), "9.0")
+    with pytest.raises(build.BuildError, match="not sm_75"):
+        build.target_capability((9, 0), "7.5")
+
+
+def test_nvcc_flags_name_the_target():
+    """The GPU's own machine code (sm_90a on Hopper, for wgmma), or an older target's PTX for the driver to compile;
+    the host code learns the target from LITQUANT_TARGET_ARCH."""
+    assert build.nvcc_flags((9, 0), (9, 0))[2:] == ["-gencode=arch=compute_90a,code=sm_90a", "-DLITQUANT_TARGET_ARCH=90"]
+    assert build.nvcc_flags((8, 0), (8, 0))[2:] == ["-gencode=arch=compute_80,code=sm_80", "-DLITQUANT_TARGET_ARCH=80"]
+    assert build.nvcc_flags((9, 0), (8, 0))[2:] == ["-gencode=arch=compute_80,code=compute_80",
+                                                    "-DLITQUANT_TARGET_ARCH=80"]
+
+
 def test_cache_defaults_to_home(monkeypatch):
     monkeypatch.delenv("LITQUANT_CACHE", raising=False)
     assert build.cache_root() == Path.home() / ".cache" / "litquant" / "build"

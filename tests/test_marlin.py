@@ -433,6 +433,27 @@ def test_gpu_dequant_is_bit_exact(dtype, bits):
 
 
 @pytest.mark.gpu
+def test_gpu_bad_calls_raise_and_say_why():
+    """Bad arguments to the ops raise a RuntimeError that names the problem, numbers included, and the process goes
+    on (the binding builds its messages without iostreams: csrc/marlin/binding.cpp)."""
+    qw = random_quantized_weight(1024, 768, 128, sym=False, act_order=False, device="cuda")
+    module = marlin_module(qw, torch.bfloat16)
+    ops = torch.ops.litquant_marlin
+    x = torch.randn(192, 1024, device="cuda", dtype=torch.bfloat16)
+    weight = (module.qweight, module.scales, module.zeros, module.bias)
+    with pytest.raises(RuntimeError, match=r"locks must hold \d+ int32 for M=192"):
+        ops.gemm(x, *weight, module.locks.float(), module.group_size)
+    with pytest.raises(RuntimeError, match=r"qweight must have shape \[K/16, 2N\] = \[64, 1536\], got \[64, 1534\]"):
+        ops.gemm(x, module.qweight[:, :-2].contiguous(), *weight[1:], module.locks, module.group_size)
+    with pytest.raises(RuntimeError, match="marlin gemm: marlin supports group_size -1, 32, 64 or 128"):
+        ops.gemm(x, *weight, module.locks, 16)
+    with pytest.raises(RuntimeError, match="marlin dequant: marlin supports group_size"):
+        ops.dequant_out(module.qweight, module.scales, module.zeros, 16,
+                        torch.empty(1024, 768, device="cuda", dtype=torch.bfloat16))
+    assert relative_error(module(x), torch_reference(qw, torch.bfloat16)(x)) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.gpu
 def test_gpu_unaligned_and_strided_inputs():
     qw = random_quantized_weight(256, 128, 128, sym=True, act_order=False, device="cuda")
     module, ref = marlin_module(qw, torch.float16), torch_reference(qw, torch.float16)

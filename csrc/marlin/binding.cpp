@@ -8,10 +8,27 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <string>
 
 #include "marlin.h"
 
 namespace {
+
+// Error messages are built here as one std::string, numbers by std::to_string: TORCH_CHECK would format several
+// arguments with an ostringstream of this library, and where the host compiler links its own static libstdc++ into
+// the extension (the GPU machine's g++ does), that stream's number formatting crashes (SIGSEGV in
+// std::ostream::_M_insert<long>) instead of raising. One string argument reaches torch untouched.
+std::string text(const char* s) { return s; }
+std::string text(int64_t v) { return std::to_string(v); }
+std::string text(at::IntArrayRef sizes) {
+  std::string s = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
+  return s + "]";
+}
+template <typename... Parts>
+std::string message(const Parts&... parts) {
+  return (std::string() + ... + text(parts));
+}
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
@@ -20,7 +37,8 @@ void check_weight(const at::Tensor& qweight, const at::Tensor& scales, const std
   TORCH_CHECK(qweight.is_cuda() && qweight.scalar_type() == at::kInt && qweight.is_contiguous(),
               "marlin: qweight must be a contiguous int32 CUDA tensor");
   TORCH_CHECK(qweight.dim() == 2 && qweight.size(0) * 16 == K && qweight.size(1) == 2 * N,
-              "marlin: qweight must have shape [K/16, 2N] = [", K / 16, ", ", 2 * N, "], got ", qweight.sizes());
+              message("marlin: qweight must have shape [K/16, 2N] = [", K / 16, ", ", 2 * N, "], got ",
+                      qweight.sizes()));
   TORCH_CHECK(scales.scalar_type() == dtype && scales.is_contiguous() && scales.dim() == 2 && scales.size(1) == N,
               "marlin: scales must be contiguous [G, N] in the activation dtype");
   if (zeros) {
@@ -45,7 +63,7 @@ void gemm_out(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& 
                 "marlin: bias must be contiguous [N] in x's dtype");
   }
   TORCH_CHECK(locks.scalar_type() == at::kInt && locks.numel() >= litquant_marlin_lock_count(M, K, N),
-              "marlin: locks must hold ", litquant_marlin_lock_count(M, K, N), " int32 for M=", M);
+              message("marlin: locks must hold ", litquant_marlin_lock_count(M, K, N), " int32 for M=", M));
   if (M == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
   // cp.async and the copy engine read 16-byte pieces: a view at an odd offset is copied first.
@@ -56,7 +74,7 @@ void gemm_out(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& 
       bias ? bias->data_ptr() : nullptr, out.data_ptr(), partial.data_ptr<float>(), locks.data_ptr<int32_t>(),
       static_cast<int>(M), static_cast<int>(K), static_cast<int>(N), static_cast<int>(group_size),
       x.scalar_type() == at::kBFloat16, c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
-  TORCH_CHECK(err == nullptr, "marlin gemm: ", err);
+  TORCH_CHECK(err == nullptr, message("marlin gemm: ", err));
 }
 
 at::Tensor gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
@@ -81,7 +99,7 @@ void dequant_out(const at::Tensor& qweight, const at::Tensor& scales, const std:
       qweight.data_ptr<int32_t>(), scales.data_ptr(), zeros ? zeros->data_ptr<int32_t>() : nullptr, out.data_ptr(),
       static_cast<int>(K), static_cast<int>(N), static_cast<int>(group_size), static_cast<int>(K / out.size(0)),
       scales.scalar_type() == at::kBFloat16, c10::cuda::getCurrentCUDAStream(qweight.get_device()).stream());
-  TORCH_CHECK(err == nullptr, "marlin dequant: ", err);
+  TORCH_CHECK(err == nullptr, message("marlin dequant: ", err));
 }
 
 }  // namespace

@@ -265,8 +265,9 @@ struct GemmArgs {
   int units_per_block;   // marlin.cu: the stripe of each block
 };
 
-// The multiprocessor count, compute capability and L2 size of the current GPU, read once per device, and
-// whether its kernels are launched as programmatic dependents (sm_90 on, unless LITQUANT_PDL=0 in the environment).
+// The multiprocessor count, compute capability (the build's where that is older: marlin.cu) and L2 size of the current
+// GPU, read once per device, and whether its kernels are launched as programmatic dependents (sm_90 on, unless
+// LITQUANT_PDL=0 in the environment).
 struct DeviceInfo {
   int sms = 0;
   int major = 0, minor = 0;

@@ -488,6 +488,13 @@ DeviceInfo current_device() {
     l2 = cached_l2[device].load(std::memory_order_relaxed);
   }
   info.sms = packed & 0xffff, info.major = (packed >> 16) & 0xff, info.minor = packed >> 24, info.l2_bytes = l2;
+#if defined(LITQUANT_TARGET_ARCH)
+  // Built for an older GPU than this one (LITQUANT_CUDA_ARCH, litquant/kernels/build.py: that GPU's PTX, compiled by
+  // the driver for this one), the library holds only that GPU's kernels, and takes its paths: before sm_90 no
+  // wgmma, no clusters, no dependent launches.
+  if (info.major * 10 + info.minor > LITQUANT_TARGET_ARCH)
+    info.major = LITQUANT_TARGET_ARCH / 10, info.minor = LITQUANT_TARGET_ARCH % 10;
+#endif
   static const bool pdl_allowed = [] {
     const char* setting = std::getenv("LITQUANT_PDL");
     return setting == nullptr || std::strcmp(setting, "0") != 0;

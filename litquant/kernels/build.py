@@ -7,9 +7,16 @@ hand and loads it. Builds are cached in `$LITQUANT_CACHE/build` (default `~/.cac
 one directory per `<name>-<hash of the sources>-sm<compute capability>`: editing a source or changing
 GPU generation builds anew, anything else reuses the cache. `build_all()` builds every kernel ahead of
 time (`litquant kernels --build`).
+
+`LITQUANT_CUDA_ARCH=8.0` (any compute capability from 8.0 up to the GPU's) builds the kernels of that older GPU
+instead, as PTX that the driver compiles for the GPU at hand when it loads them, and the kernels then take that
+GPU's paths (csrc/marlin/marlin.cu `current_device`): on a Hopper this runs the Ampere code, which is how
+scripts/gpu.sh tests it where no A100 is lent. It is slower to load (the driver's compile) and is a test of the
+code, not of the older GPU: the SASS comes from this GPU's compiler, the SM count and L2 are this GPU's.
 """
 import hashlib
 import os
+import re
 import shutil
 from functools import lru_cache
 from pathlib import Path
@@ -52,9 +59,38 @@ def cache_root() -> Path:
     return (Path(base) if base else Path.home() / ".cache" / "litquant") / "build"
 
 
-def build_directory(name: str, capability: Tuple[int, int]) -> Path:
-    """Where `name` is built for a GPU of compute `capability`."""
-    return cache_root() / f"{name}-{source_hash(source_files(name))}-sm{capability[0]}{capability[1]}"
+def build_directory(name: str, capability: Tuple[int, int], target: Optional[Tuple[int, int]] = None) -> Path:
+    """Where `name` is built for a GPU of compute `capability` (with the code of an older `target`, if given)."""
+    older = f"-ptx{target[0]}{target[1]}" if target is not None and target != capability else ""
+    return cache_root() / f"{name}-{source_hash(source_files(name))}-sm{capability[0]}{capability[1]}{older}"
+
+
+def target_capability(gpu: Tuple[int, int], setting: Optional[str] = None) -> Tuple[int, int]:
+    """The compute capability to build for on a GPU of capability `gpu`: `setting` (`$LITQUANT_CUDA_ARCH` when not
+    given, e.g. "8.0"), or the GPU's own."""
+    setting = os.environ.get("LITQUANT_CUDA_ARCH", "") if setting is None else setting
+    if not setting.strip():
+        return gpu
+    match = re.fullmatch(r"\s*(\d+)\.(\d)\s*", setting)
+    if match is None:
+        raise BuildError(f"LITQUANT_CUDA_ARCH={setting!r}: expected a compute capability such as 8.0")
+    target = (int(match[1]), int(match[2]))
+    if not (8, 0) <= target <= gpu:
+        raise BuildError(f"LITQUANT_CUDA_ARCH={setting}: litquant's CUDA kernels can be built for sm_80 up to this "
+                         f"GPU's own sm_{gpu[0]}{gpu[1]}, not sm_{target[0]}{target[1]}")
+    return target
+
+
+def nvcc_flags(capability: Tuple[int, int], target: Tuple[int, int]) -> List[str]:
+    """nvcc's options for kernels of compute `target` run on a GPU of `capability`: that GPU's machine code, or, for an
+    older target, the target's PTX. `LITQUANT_TARGET_ARCH` tells the host code which GPU's paths it holds."""
+    number = f"{target[0]}{target[1]}"
+    if target != capability:
+        code = f"-gencode=arch=compute_{number},code=compute_{number}"
+    else:  # Hopper builds for sm_90a, whose wgmma instructions the plain sm_90 target lacks.
+        arch = number + ("a" if target == (9, 0) else "")
+        code = f"-gencode=arch=compute_{arch},code=sm_{arch}"
+    return ["-O3", "-lineinfo", code, f"-DLITQUANT_TARGET_ARCH={number}"]
 
 
 def find_nvcc() -> Optional[str]:
@@ -90,19 +126,18 @@ def unavailable_reason(name: str) -> Optional[str]:
 
 
 @lru_cache(maxsize=None)
-def _load(name: str, capability: Tuple[int, int]) -> Path:
+def _load(name: str, capability: Tuple[int, int], target: Tuple[int, int]) -> Path:
     from torch.utils.cpp_extension import load as load_extension
 
-    directory = build_directory(name, capability)
-    # Hopper builds for sm_90a, whose wgmma instructions the plain sm_90 target lacks.
-    arch = f"{capability[0]}{capability[1]}" + ("a" if capability == (9, 0) else "")
+    directory = build_directory(name, capability, target)
     if not any(directory.glob(f"litquant_{name}*.so")):
-        print(f"building {name} for sm_{arch} (first use, ~1 min)...", flush=True)
+        gpu = f"sm_{capability[0]}{capability[1]}"
+        what = gpu if target == capability else f"sm_{target[0]}{target[1]} (LITQUANT_CUDA_ARCH) as PTX for this {gpu}"
+        print(f"building {name} for {what} (first use, ~1 min)...", flush=True)
     directory.mkdir(parents=True, exist_ok=True)
     sources = [str(f) for f in source_files(name) if f.suffix in (".cu", ".cpp")]
     load_extension(name=f"litquant_{name}", sources=sources, build_directory=str(directory),
-                   extra_cflags=["-O3"],
-                   extra_cuda_cflags=["-O3", "-lineinfo", f"-gencode=arch=compute_{arch},code=sm_{arch}"],
+                   extra_cflags=["-O3"], extra_cuda_cflags=nvcc_flags(capability, target),
                    is_python_module=False, verbose=False)
     return directory
 
@@ -114,7 +149,13 @@ def load(name: str, device: Optional[torch.device] = None) -> Path:
     reason = unavailable_reason(name)
     if reason:
         raise BuildError(reason)
-    return _load(name, torch.cuda.get_device_capability(device))
+    capability = torch.cuda.get_device_capability(device)
+    return _load(name, capability, target_capability(capability))
+
+
+def built_capability(device: Optional[torch.device] = None) -> Tuple[int, int]:
+    """The compute capability whose kernels `load` builds for `device`'s GPU (its own, or `$LITQUANT_CUDA_ARCH`)."""
+    return target_capability(torch.cuda.get_device_capability(device))
 
 
 def build_all() -> Dict[str, Path]:

@@ -246,7 +246,7 @@ class MarlinQuantLinear(QuantLinear):
         self.register_buffer("scales", scales)
         # 8-bit symmetric weights (z = 128) still need zero points: z_lo = 0 in the low plane
         self.register_buffer("zeros", None if qw.sym and self.planes == 1 else pack_zeros(zeros))
-        hopper = codes.is_cuda and torch.cuda.get_device_capability(codes.device) == (9, 0)
+        hopper = codes.is_cuda and build.built_capability(codes.device) == (9, 0)
         wgmma_dense_from_m = self.wgmma_dense_from_m_8bit if self.planes == 2 else self.wgmma_dense_from_m
         self.dense_from_m = wgmma_dense_from_m if hopper else self.mma_dense_from_m
         # Locks: the mma.sync path's (one per 64 columns and pass of rows) or the wgmma path's (one per
