@@ -7,7 +7,9 @@ An old folder is a copy of csrc/marlin at another commit, inside the tree so tha
     mkdir -p ab/old && for f in $(git ls-tree --name-only REV csrc/marlin/); do git show REV:$f > ab/old/${f##*/}; done
 
 Each cell is checked first: every build's output (NaN-poisoned) against the dequantized weight times x in fp32.
-Then all are timed with `kernels.alternate` (all graphs replayed in turn, at one clock; medians in us a call)."""
+Then all are timed with `kernels.alternate` (all graphs replayed in turn, at one clock; medians in us a call).
+With `LITQUANT_CUDA_ARCH=8.0` every build is the Ampere code (litquant/kernels/build.py), which A/Bs the mma.sync
+kernel on a Hopper (old folders from 2141ca5 on: older sources do not take the Ampere paths there)."""
 import math
 import sys
 import tempfile
@@ -39,14 +41,17 @@ for i, folder in enumerate(old_folders):
         (work / f.name).write_text(text)
     load(name=name, sources=[str(f) for f in work.iterdir() if f.suffix in (".cu", ".cpp")],
          build_directory=str(work), extra_cflags=["-O3"],
-         extra_cuda_cflags=["-O3", "-lineinfo", "-gencode=arch=compute_90a,code=sm_90a"], is_python_module=False)
+         extra_cuda_cflags=build.nvcc_flags(torch.cuda.get_device_capability(), build.built_capability()),
+         is_python_module=False)
     ops[f"old{i}"] = getattr(torch.ops, name)
 print(f"# {torch.cuda.get_device_name()}, 4-bit g128 zero points; "
       + ", ".join(f"old{i} = {f}" for i, f in enumerate(old_folders)), flush=True)
 
 
 def fused(module, op):
-    locks = torch.zeros_like(module.locks)
+    # enough locks for the fused kernel at every M timed (the mma.sync path takes one per 64 rows and 64 columns)
+    locks = torch.zeros(max(module.locks.numel(), -(-max(ms) // 16) * (module.out_features // 64)), dtype=torch.int32,
+                        device=module.locks.device)
 
     def call(x, out=None):
         out = torch.empty(x.shape[0], module.out_features, dtype=x.dtype, device=x.device) if out is None else out
