@@ -40,10 +40,8 @@ def main() -> None:
             for path, threshold in (("fused", m + 1), ("dense", 1)):
                 for layer in layers:
                     layer.dense_from_m = threshold
-                    # The module's locks serve its fused calls below its own threshold; one per 16 rows and 64
-                    # columns serves any M (the mma.sync path takes one per 64 rows and 64 columns).
-                    if layer.locks.numel() < -(-m // 16) * (n // 64):
-                        layer.locks = torch.zeros(-(-m // 16) * (n // 64), dtype=torch.int32, device=device)
+                    if layer.locks.numel() < layer.locks_for(m).numel():  # fused calls past its own threshold
+                        layer.locks = layer.locks_for(m)
                 times[path] = time_calls(layers, x, settle_s=args.settle)[0] * 1e6
             times["cublas"] = time_calls(cublas, x, settle_s=args.settle)[0] * 1e6
             faster = "fused" if times["fused"] <= times["dense"] else "dense"

@@ -49,9 +49,7 @@ print(f"# {torch.cuda.get_device_name()}, 4-bit g128 zero points; "
 
 
 def fused(module, op):
-    # enough locks for the fused kernel at every M timed (the mma.sync path takes one per 64 rows and 64 columns)
-    locks = torch.zeros(max(module.locks.numel(), -(-max(ms) // 16) * (module.out_features // 64)), dtype=torch.int32,
-                        device=module.locks.device)
+    locks = module.locks_for(max(ms))  # enough for the fused kernel at every M timed
 
     def call(x, out=None):
         out = torch.empty(x.shape[0], module.out_features, dtype=x.dtype, device=x.device) if out is None else out

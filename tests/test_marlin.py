@@ -265,7 +265,7 @@ def fused_output(module: MarlinQuantLinear, x: torch.Tensor) -> torch.Tensor:
     xp = torch.nn.functional.pad(xp, (0, module.padded_in_features - module.in_features))  # as forward() does
     xp = module.kernel_input(xp)
     out = torch.full((x.shape[0], module.out_features), float("nan"), dtype=x.dtype, device=x.device)
-    locks = torch.zeros(-(-x.shape[0] // 16) * (module.out_features // 64), dtype=torch.int32, device=x.device)
+    locks = module.locks_for(x.shape[0])
     ops.gemm_out(xp, module.qweight, module.scales, module.zeros, module.bias, locks, module.group_size, out)
     assert not locks.any(), "the kernel must leave its locks at zero"
     return out

@@ -286,6 +286,11 @@ class MarlinQuantLinear(QuantLinear):
                          self.group_size)
         return y.view(out_shape)
 
+    def locks_for(self, rows: int) -> torch.Tensor:
+        """Zeroed locks for a fused call of `rows` rows on any path, past `dense_from_m` too (one per 16 rows and 64
+        columns: more than any path takes); the module's own serve its calls below `dense_from_m`."""
+        return torch.zeros(-(-rows // 16) * (self.out_features // 64), dtype=torch.int32, device=self.qweight.device)
+
     def kernel_input(self, x: torch.Tensor) -> torch.Tensor:
         """The fused kernel's activations for x (permuted and padded): x itself, or [x, x] for the two planes."""
         return torch.cat([x, x], 1) if self.planes == 2 else x
