@@ -149,8 +149,7 @@ def load(name: str, device: Optional[torch.device] = None) -> Path:
     reason = unavailable_reason(name)
     if reason:
         raise BuildError(reason)
-    capability = torch.cuda.get_device_capability(device)
-    return _load(name, capability, target_capability(capability))
+    return _load(name, torch.cuda.get_device_capability(device), built_capability(device))
 
 
 def built_capability(device: Optional[torch.device] = None) -> Tuple[int, int]:
