@@ -500,14 +500,15 @@ def test_gpu_layers_in_a_chain_read_each_others_outputs(rows, width, graph):
     modules = [marlin_module(qw, dtype) for qw in weights]
     x = torch.randn(rows, width, device="cuda", dtype=dtype)
     outs = [torch.empty(rows, width, device="cuda", dtype=dtype) for _ in range(layers)]
+    locks = [module.locks_for(rows) for module in modules]  # 300 rows: fused, past the module's dense threshold
 
     def chain():
         for buffer in outs:
             buffer.fill_(float("nan"))
         inputs = [x] + outs[:-1]
-        for module, inp, out in zip(modules, inputs, outs):
-            torch.ops.litquant_marlin.gemm_out(inp, module.qweight, module.scales, module.zeros, module.bias,
-                                               module.locks, module.group_size, out)
+        for module, lock, inp, out in zip(modules, locks, inputs, outs):
+            torch.ops.litquant_marlin.gemm_out(inp, module.qweight, module.scales, module.zeros, module.bias, lock,
+                                               module.group_size, out)
 
     if graph:
         chain()  # warm up outside the graph

@@ -74,10 +74,6 @@ __device__ __forceinline__ int load_acquire(const int32_t* p) {
   return v;
 }
 
-__device__ __forceinline__ void store_release(int32_t* p, int v) {
-  asm volatile("st.global.release.gpu.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
-
 // *p += v, returning the old value: a release of this thread's prior writes (and those ordered before it
 // by a block barrier) and an acquire of those released by the earlier adds.
 __device__ __forceinline__ int add_acq_rel(int32_t* p, int v) {

@@ -30,7 +30,8 @@
 //   SM gets the same amount of weight to stream even when N/TN is small (decode). Its warps split the
 //   block tile into 64-column warp tiles times kKGroups k slices; the k slices are summed through
 //   shared memory at the end of each column. A column cut between blocks is summed through an fp32
-//   scratch, serialized by one lock per column, in the order in which the blocks reach it.
+//   scratch: each block but the column's first stores its part in a slot of its own, and the first
+//   block, which reaches the column last, adds them up once the column's lock has counted them in.
 // Pipeline: kStages-deep cp.async ring of (B, A, scales, zeros) per unit, continuous across columns.
 //   A is read with ldmatrix from an XOR-swizzled tile (no bank conflicts).
 //
@@ -49,8 +50,11 @@
 namespace {
 using namespace litquant_marlin;
 
-// Row blocks of 16 per block tile: up to 64 rows in one pass over the weight.
-int row_blocks(int M) { return M >= 64 ? 4 : (M + 15) / 16; }
+// Row blocks of 16 per block tile (MB): all rows in one pass up to 48, passes of 32 beyond. Measured on an
+// H200 running the Ampere build (benchmarks/results/2026-12-02-mma-rows-and-slots.md): one pass of 48 rows
+// beats two of 32, but two passes of 48 are 6-8% slower than three of 32; 64-row tiles (MB = 4) need more
+// than the 255 registers a thread can have, spill, and ran 18-33% slower than two passes of 32 at M = 64.
+int row_blocks(int M) { return M <= 48 ? (M + 15) / 16 : 2; }
 
 // ---------------------------------------------------------------------------------------------
 // Tile shapes
@@ -256,35 +260,48 @@ __global__ void __launch_bounds__(Tile<MB, TK, TN>::kThreads, 1) marlin_gemm_ker
       }
     }
 
-    // A column cut between blocks is summed in the order the blocks reach it: its last block meets
-    // it at the start of its stripe, its first block at the end. So the last block goes first and
-    // the first block adds the final part and writes the output; nobody waits for a busy block.
+    // A column cut between blocks: every block but the column's first holds one part of it, and the column
+    // is the one its stripe starts in, so each block has at most one part to hand over: it stores it in its
+    // own slot of the scratch and counts itself in on the column's lock. The first block reaches the column
+    // at the end of its stripe, last of all; it waits for the count, adds the slots in block order (the
+    // same sum on every run) and writes the output. Nobody waits on a chain of other blocks' hand-overs.
     const int first_block = (col * k_tiles) / per_block;
     const int last_block = ((col + 1) * k_tiles - 1) / per_block;
-    const int rank = last_block - blockIdx.x;
     const bool writes_output = blockIdx.x == first_block;
+    constexpr int kSlot = C::kTN64 * MB * 8 * 32;  // float4 of one block's part
     if (first_block != last_block) {
-      if (tid == 0)
-        while (load_acquire(args.locks + col) != rank) {
+      if (!writes_output) {
+        if (wk == 0) {
+          float4* slot = args.partial + (size_t)blockIdx.x * kSlot + wn * MB * 8 * 32;
+#pragma unroll
+          for (int m = 0; m < MB; ++m)
+#pragma unroll
+            for (int s = 0; s < 8; ++s)
+              __stcg(slot + (m * 8 + s) * 32 + lane, make_float4(acc[m][s][0], acc[m][s][1], acc[m][s][2], acc[m][s][3]));
+          __threadfence();
         }
-      __syncthreads();
-      if (wk == 0) {
-        float4* p = args.partial + ((size_t)col * C::kTN64 + wn) * MB * 8 * 32;
-#pragma unroll
-        for (int m = 0; m < MB; ++m)
-#pragma unroll
-          for (int s = 0; s < 8; ++s) {
-            const int i = (m * 8 + s) * 32 + lane;
-            if (rank > 0) {
-              const float4 r = __ldcg(p + i);
-              acc[m][s][0] += r.x, acc[m][s][1] += r.y, acc[m][s][2] += r.z, acc[m][s][3] += r.w;
-            }
-            if (!writes_output) __stcg(p + i, make_float4(acc[m][s][0], acc[m][s][1], acc[m][s][2], acc[m][s][3]));
+        __syncthreads();
+        if (tid == 0) add_acq_rel(args.locks + col, 1);
+      } else {
+        if (tid == 0)
+          while (load_acquire(args.locks + col) != last_block - first_block) {
           }
-        __threadfence();
+        __syncthreads();
+        if (wk == 0) {
+#pragma unroll 1
+          for (int b = first_block + 1; b <= last_block; ++b) {
+            const float4* slot = args.partial + (size_t)b * kSlot + wn * MB * 8 * 32;
+#pragma unroll
+            for (int m = 0; m < MB; ++m)
+#pragma unroll
+              for (int s = 0; s < 8; ++s) {
+                const float4 r = __ldcg(slot + (m * 8 + s) * 32 + lane);
+                acc[m][s][0] += r.x, acc[m][s][1] += r.y, acc[m][s][2] += r.z, acc[m][s][3] += r.w;
+              }
+          }
+        }
+        if (tid == 0) args.locks[col] = 0;  // every part is in: no block touches this lock again in this call
       }
-      __syncthreads();
-      if (tid == 0) store_release(args.locks + col, writes_output ? 0 : rank + 1);
     }
 
     if (writes_output && wk == 0) {
@@ -387,8 +404,7 @@ const char* dispatch_rows(const GemmArgs& args, int sms, cudaStream_t stream) {
   switch (row_blocks(args.M)) {
     case 1: return dispatch_tile<T, 1>(args, sms, stream);
     case 2: return dispatch_tile<T, 2>(args, sms, stream);
-    case 3: return dispatch_tile<T, 3>(args, sms, stream);
-    default: return dispatch_tile<T, 4>(args, sms, stream);
+    default: return dispatch_tile<T, 3>(args, sms, stream);
   }
 }
 
@@ -511,8 +527,7 @@ int64_t litquant_marlin_partial_floats(int M, int K, int N) {
   const DeviceInfo device = current_device();
   if (decode_serves(M, K, N)) return decode_partial_floats(device, M, K, N);
   if (wgmma_serves(device, M, N)) return wgmma_partial_floats(device, M, K, N);
-  const int rows = row_blocks(M) * 16;
-  return (int64_t)((M + rows - 1) / rows) * rows * N;
+  return (int64_t)device.sms * row_blocks(M) * 16 * 256;  // one slot per block (marlin_gemm_kernel's finish_column)
 }
 
 int64_t litquant_marlin_lock_count(int M, int K, int N) {

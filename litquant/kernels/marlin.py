@@ -30,7 +30,7 @@ from litquant.kernels.base import QuantLinear
 # nibbles {1, 5} the pair (2, 3), and so on.
 NIBBLE_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 TILE_K, TILE_N = 16, 64  # one warp tile
-ROWS_PER_PASS = 64  # the kernel handles up to 64 rows per pass over the weight
+ROWS_PER_PASS = 32  # the mma.sync kernel's rows per pass over the weight past 48 rows (marlin.cu: row_blocks)
 
 
 def _to_int32(words: torch.Tensor) -> torch.Tensor:
@@ -166,11 +166,11 @@ class MarlinQuantLinear(QuantLinear):
     # multiples of 64, and when neither is a multiple of 128, K is padded with zero rows at load.
     k_multiple = 64
     n_multiple = 64
-    # From this many rows on, dequantize once + cuBLAS beats the fused kernel. mma.sync, measured on
-    # an H200, Llama-2-70B MLP shapes, bf16 g128: fused 185 us at M=64 and 340 us at M=128; dequantize
-    # (~140 us) + cuBLAS (138 us at M=128) ~ 280 us (benchmarks/results/2026-11-30-marlin-layers.log).
-    # 8-bit weights (two planes) take the same threshold here: not measured on an sm_80 GPU.
-    mma_dense_from_m: ClassVar[int] = 128
+    # From this many rows on, dequantize once + cuBLAS beats the fused kernel. mma.sync: the Ampere build run on
+    # an H200 (LITQUANT_CUDA_ARCH=8.0), all six Llama-2 7B/70B layers, bf16 g128: fused faster at M=128 on all six
+    # (3-31%), dense faster at M=160 on all six (2-19%) (benchmarks/results/2026-12-02-mma-rows-and-slots.md).
+    # Not measured on an A100, nor for 8-bit weights (two planes), which take the same threshold.
+    mma_dense_from_m: ClassVar[int] = 160
     # wgmma (Hopper), bf16 g128, all six Llama-2 7B/70B layers (benchmarks/dense_threshold.py,
     # results/2026-12-01-dense-threshold.log): 4-bit fused 4-10% faster than dense at M=1024, at 1536 2-10%
     # faster on four layers and 1-16% slower on the two down projections, at 2048 dense 5-20% faster on all six.
