@@ -25,7 +25,10 @@
 //   dequantizes to the B fragments of subtiles 2j and 2j + 1, which together are exactly that A fragment
 //   for output features 16j..16j+15 of the tile: rows g (subtile 2j) and g + 8 (subtile 2j + 1), in the
 //   register order {b0b1 of 2j, b0b1 of 2j+1, b2b3 of 2j, b2b3 of 2j+1}. So warp w reads word w of each
-//   lane's uint4 of its warpgroup's tile, and the instruction covers the tile's 64 features in order.
+//   lane's uint4 of its warpgroup's tile, and the instruction covers the tile's 64 features in order. Those loads
+//   are 4-way bank conflicted (a warp's 32 words lie in the banks = w mod 4); lanes reading word (lane / 8 + w) % 4
+//   instead (features permuted to match) removed the conflicts and changed no time where K is not split: the
+//   dequantization's latency hides them (benchmarks/results/2026-12-02-wgmma-rotated-words.md).
 // Block tile: for BM = 32, 64 or 128 rows, 256 output features (4 tiles of 64) on four warpgroups, warpgroup
 //   h taking tile h (one m64nBMk16 instruction a k16 step: at these sizes the kernel waits on latency more
 //   than on issue, and twice the warps of two-tile warpgroups made M = 64-128 3-9% faster on the layers
@@ -318,7 +321,9 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
       issue(descriptor_low, a_low, s == 0);
       wgmma_wait<1>();  // the previous stage's wgmmas are done: a_high and that stage are free
       if (s > 0) {
-        fence_proxy_async();  // order this thread's reads of the stage (generic) before its refill (async)
+        // Order this thread's reads of the stage (generic proxy) before its refill (async proxy), as the PTX memory
+        // model asks. Left out, the kernel was 1-2% faster (2026-12-02-wgmma-rotated-words.md): kept all the same.
+        fence_proxy_async();
         arrive_barrier(&empty[slot == 0 ? C::kStages - 1 : slot - 1]);
       }
       dequantize(st, 1, a_high, consts);
