@@ -3,6 +3,8 @@ folders' (`old0`, `old1`, ...: each built under the op namespace `litquant_marli
 
     python3 benchmarks/marlin_stage_ab.py <old csrc/marlin folder>[,<another>...] [shapes] [ms] [dtypes]
 
+A shape is a name from `kernels.SHAPES` or K x N written as `4096x4096`.
+
 An old folder is a copy of csrc/marlin at another commit, inside the tree so that it travels to the GPU machine:
     mkdir -p ab/old && for f in $(git ls-tree --name-only REV csrc/marlin/); do git show REV:$f > ab/old/${f##*/}; done
 
@@ -61,7 +63,7 @@ def fused(module, op):
 for dtype_name in dtypes:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype_name]
     for shape in shapes:
-        k, n = SHAPES[shape]
+        k, n = SHAPES[shape] if shape in SHAPES else map(int, shape.split("x"))
         copies = max(1, math.ceil(L2_MULTIPLE * torch.cuda.get_device_properties(dev).L2_cache_size / (k * n // 2)))
         modules = [build_litquant("marlin", k, n, 4, 128, dtype, dev, seed=s) for s in range(copies)]
         cublas = [build_peer("cublas", k, n, dtype, dev, seed=s) for s in range(copies)]

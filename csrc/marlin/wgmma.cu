@@ -50,12 +50,12 @@
 //   A first version filled the ring with cp.async from every thread; the copies'
 //   address arithmetic, the proxy fence that cp.async data needs before wgmma reads it, and the block
 //   barrier of every step cost 20-25% at large M (ncu: a third of the warps' time at the barrier).
-// Work split (see `plan_wgmma`): a layer whose tiles, cut into a few k splits, fill the SMs is split
-// along K, the splits' fp32 partial sums added up by a second kernel (with the bias); any other layer
-// runs on one block per SM, each taking whole tiles and then an equal share of the remaining tiles' k
-// stages ("stream-K"), so that no wave runs part-empty, unless the last round of whole tiles is nearly
-// full or the activations of a group of tiles do not fit in L2. The output goes through shared memory, to be
-// written in full 16-byte rows.
+// Work split (see `plan_wgmma`): a layer with fewer tiles than SMs is split along K where a split's run is
+// not much longer than a stream-K share, the splits' fp32 partial sums added up by a second kernel (with the
+// bias); any other layer runs on one block per SM, each taking whole tiles and then an equal share of the
+// remaining tiles' k stages ("stream-K"), so that no wave runs part-empty, unless the last round of whole tiles
+// is nearly full or the activations of a group of tiles do not fit in L2. The output goes through shared memory,
+// to be written in full 16-byte rows.
 #include <cuda.h>  // CUtensorMap (the driver function is looked up at run time: no link to libcuda)
 #include <cudaTypedefs.h>
 
@@ -476,14 +476,13 @@ struct WgmmaPlan {
   WgWork work;
 };
 
-// Measured on an H200 (bf16, g128, benchmarks/results/2026-11-30-wgmma-stream-k.md): k splits summed by a
-// second kernel are the better share when they fill 90% of the SMs or more (70B-down M = 64: 76-84 us
-// against 88-90 stream-K; 7B-down M = 128: 29 against 39); elsewhere stream-K is (same run as the code
-// before it: 70B-qkv M = 256, 80 tiles on 132 SMs, 75.5 us against 98.5; 7B-up M = 256 83 against 105,
-// M = 64 37.5 against 40.4). Stream-K shares the last round of whole tiles plus the remainder, each
-// block's run at least 512 k; but where the last round of whole tiles is at least 90% full, the tiles run
-// whole, in rounds (at most a tenth of the SMs idle in the last one, against the sums that sharing hands
-// between blocks): on an H200, all plans timed in turn at one clock (bf16,
+// Measured on an H200 (bf16, g128): k splits summed by a second kernel beat stream-K, which hands tiles between
+// blocks, even when their runs are several stages longer than its shares (see plan_wgmma); where they fill 90% of
+// the SMs or more, by 6-29% (7B-down M = 48..512, 70B-qkv 24..128, 70B-down 48..160; level on 70B-down at 256:
+// benchmarks/results/2026-12-02-wgmma-splits-vs-stream-k-ab.log). Stream-K shares the last round of whole tiles
+// plus the remainder, each block's run at least 512 k; but where the last round of whole tiles is at least 90%
+// full, the tiles run whole, in rounds (at most a tenth of the SMs idle in the last one, against the sums that
+// sharing hands between blocks): on an H200, all plans timed in turn at one clock (bf16,
 // benchmarks/results/2026-12-02-marlin-wgmma-plan.md), 7B-qkv M = 1024 (384 tiles) 171 -> 166 us, 7B-down
 // M = 1024 (128 tiles) 155 -> 149, 70B-down M = 512 and 1024 2% less; with fewer than 90%, sharing stays
 // ahead (70B-up M = 1024, 58% full: 1510 against 1545 whole, 7B-qkv M = 256, 73%: 49.8 against 53.5).
@@ -515,7 +514,15 @@ WgmmaPlan plan_wgmma(int M, int K, int N, const DeviceInfo& device) {
   WgWork& w = p.work;
   w.k_stages = (K + kWgK - 1) / kWgK;  // (K a multiple of 64: the last stage's second half may lie past it)
   const int splits = tiles >= sms ? 1 : std::max(1, std::min(sms / tiles, w.k_stages / kMinRun));
-  if (splits > 1 && 10 * tiles * splits >= 9 * sms) {
+  // K is split where a split's run is at most kSplitSlack stages longer than a stream-K share would be: stream-K's
+  // hand-overs cost about as much as several stages. On an H200, 7B-qkv at M = 33..128 (2 splits of 16 stages on
+  // 96 SMs, against shares of 12 on 132) 1-6% faster split, 4096 x 6144 at M = 160 (16 against 12) 4%, 4096 x 4096
+  // at M = 384 (16 against 12) 3%; 7B-down at M = 384 (43 against 32) 3% slower
+  // (benchmarks/results/2026-12-02-wgmma-split-slack-ab.log, 2026-12-02-wgmma-split-fill70-ab.log). Until then K
+  // was split only where the splits filled 90% of the SMs.
+  constexpr int kSplitSlack = 8;
+  const int split_run = (w.k_stages + splits - 1) / splits, shared_run = (tiles * w.k_stages + sms - 1) / sms;
+  if (splits > 1 && split_run <= shared_run + kSplitSlack) {
     w.units_per_block = (w.k_stages + splits - 1) / splits;
     w.splits = (w.k_stages + w.units_per_block - 1) / w.units_per_block;
     w.whole_rounds = w.shared_units = 0;
