@@ -523,7 +523,7 @@ WgmmaPlan plan_wgmma(int M, int K, int N, const DeviceInfo& device) {
   constexpr int kSplitSlack = 8;
   const int split_run = (w.k_stages + splits - 1) / splits, shared_run = (tiles * w.k_stages + sms - 1) / sms;
   if (splits > 1 && split_run <= shared_run + kSplitSlack) {
-    w.units_per_block = (w.k_stages + splits - 1) / splits;
+    w.units_per_block = split_run;
     w.splits = (w.k_stages + w.units_per_block - 1) / w.units_per_block;
     w.whole_rounds = w.shared_units = 0;
     p.grid = tiles * w.splits, p.shared_tiles = 0;
