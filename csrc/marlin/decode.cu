@@ -5,8 +5,8 @@
 // in the loop), at 16 warps per SM (12 with two token blocks, 8 with four).
 //
 // The multiplication (TokensOnTensorCores) runs on mma.sync with the tokens as the B operand, 8 tokens an
-// instruction, one, two or four blocks of 8: the codes go into the mma biased and unscaled (one shift and one
-// lop3 a pair), and each quantization group's scale and zero point are applied to its fp32 sums.
+// instruction, one, two or four blocks of 8: the codes go into the mma unscaled (a lop3 a pair, most after a
+// shift), and each quantization group's scale and zero point are applied to its fp32 sums.
 // Work split: a block of kWarps warps (8 where `plan_decode` widens it) takes one 64-column tile and one of
 //   `splits` k ranges; its warps take consecutive 128-row chunks of that range. A warp streams its chunks
 //   through a ring of 8 registers (uint4), each refilled with the next chunk's tile as soon as it is read:
@@ -88,17 +88,17 @@ __device__ __forceinline__ GroupParams load_group_params(const GemmArgs& args, i
 // fragments read straight from global memory cost 8 cache lines a load, as the rows are K apart:
 // 25-40% slower at M = 16, benchmarks/results/2026-11-30-marlin-decode-tc.md.)
 //
-// The codes go into the mma unscaled. OR-ing a nibble q into the top 4 mantissa bits of a power of two 2^m
-// (m = 10 fp16, 7 bf16; kMagic) gives the exact value 2^m + 2^p q with p = m - 4, that is 2^p (16 + q): one
-// shift and one lop3 a pair. With one token block they go in biased, and one more mma a tile, against ones,
-// gives each token's activation sum S: the group's products D are then s 2^-p (D - 2^p (16 + z) S), for
-// scale s and zero point z. With two or four token blocks (kCentered) one fma2 a pair subtracts 2^p (16 + z)
-// instead, exactly (the pair is 2^p (q - z)), and the mma of the sums goes: on an H200 (interleaved A/Bs,
-// bf16 and fp16 g128, benchmarks/results/2026-12-01-decode-centered.md) M = 12/16 2-5% less time on all six
-// Llama-2 layers, M = 24/32 7-10% on the wide ones, where with one token block it cost 0-4% more (the kernel
-// is memory bound there, and its ALU work grows). Products of fp16/bf16 values are exact in fp32; the bias of
-// 16 costs a few of the 24 bits of the sums, below the output's rounding (a bias of 1024, the low nibble of
-// fp16's magic, made fp16 errors 1.6-3.4x the torch reference's on activations of mean 3).
+// The codes go into the mma unscaled. OR-ing a nibble q into mantissa bits p..p+3 of a power of two 2^m
+// (m = 10 fp16, 7 bf16; kMagic) gives the exact value 2^m + 2^p q: one lop3 a pair, after a shift unless the
+// nibble already lies there. With one token block they go in biased, at p = m - 4 (the top 4 bits: 2^p (16 + q)),
+// and one more mma a tile, against ones, gives each token's activation sum S: the group's products D are then
+// s 2^-p (D - 2^p (16 + z) S), for scale s and zero point z. With two or four token blocks (kCentered) one fma2
+// a pair subtracts 2^m + 2^p z instead, exactly (the pair is 2^p (q - z)), and the mma of the sums goes: on an
+// H200 (interleaved A/Bs, bf16 and fp16 g128, benchmarks/results/2026-12-01-decode-centered.md) M = 12/16 2-5%
+// less time on all six Llama-2 layers, M = 24/32 7-10% on the wide ones, where with one token block it cost 0-4%
+// more (the kernel is memory bound there, and its ALU work grows). Products of fp16/bf16 values are exact in
+// fp32; the bias of 16 costs a few of the 24 bits of the sums, below the output's rounding (a bias of 1024, the
+// low nibble of fp16's magic, made fp16 errors 1.6-3.4x the torch reference's on activations of mean 3).
 // The sums stay in the units of the group being multiplied: while group g runs, acc holds (the sums of the
 // groups before) / s_g, and its mma add D_g straight into acc; at its end
 //     acc <- (s_g / s_g+1) (acc - 2^p (16 + z_g) S)        (centered: acc <- (s_g / s_g+1) acc)
@@ -121,8 +121,17 @@ struct TokensOnTensorCores {
   static constexpr bool kCentered = kTokenBlocks >= 2;  // codes minus their zero point before the mma
   static constexpr int kRows = 8 * kTokenBlocks;
   static constexpr int kBlocksPerSm = blocks_per_sm(kRows);
-  static constexpr int kCodeBit = std::is_same<T, half>::value ? 6 : 3;  // p: where q sits in the mantissa
-  static constexpr float kUnit = 1 << kCodeBit;                           // 2^p
+  // p: where q sits in the mantissa (see below). Centered pairs are exact at any p, and at p = 0 nibbles 0 and 4
+  // need no shift: three shifts a word instead of four. Centered fp16 also takes nibbles 1 and 5 (and 3 and 7, after
+  // one shift by 8) where they lie, 4 bits up (kHighNibbles): OR-ed into 1024 they give 1024 + 16 q, which one fma2
+  // by 1/16 centers as exactly: one shift a word. (bf16's 7 mantissa bits leave no room for that.) The loop of a
+  // chunk at two token blocks (sm_90a): 694 -> 658 instructions (bf16), 694 -> 605 (fp16). On an H200 (interleaved
+  // A/Bs, g128 zero points, benchmarks/results/2026-12-02-decode-fewer-shifts.md), M = 12/16, bf16: p = 0 took 4-5%
+  // less time on 70B-up, 70B-down, 7B-down and the 70B attention output, 1-2.5% on the other layers (M = 32 0-1%);
+  // fp16's high nibbles 4.5-6% less than p = 0 alone on the 70B layers and 7B-up, 1-4% on the others (M = 24/32 level).
+  static constexpr int kCodeBit = kCentered ? 0 : std::is_same<T, half>::value ? 6 : 3;
+  static constexpr float kUnit = 1 << kCodeBit;  // 2^p
+  static constexpr bool kHighNibbles = kCentered && std::is_same<T, half>::value;
   // Per warp, two chunks of activations: kRows rows x 16 uint4 (128 k values), rows padded to 17 uint4 so
   // that the 8 rows an ldmatrix matrix reads fall in 8 different bank groups.
   static constexpr int kRowStride = 17;
@@ -139,7 +148,8 @@ struct TokensOnTensorCores {
   // word j, token block b: features 16j + lane/4 + {0, 8} x tokens 8b + 2(lane % 4) + {0, 1}
   float acc[4][kTokenBlocks][4] = {};
   float token_sums[kTokenBlocks][2] = {};  // (not centered) the group's S of tokens 8b + 2(lane % 4) + {0, 1}
-  uint32_t centers[4][2];                   // (centered) -2^p (16 + z) in both halves, feature 16j + lane/4 + 8h
+  uint32_t centers[4][2];                   // (centered) -(2^m + 2^p z) in both halves, feature 16j + lane/4 + 8h
+  uint32_t centers_high[kHighNibbles ? 4 : 1][2];  // (kHighNibbles) -(64 + z)
   GroupParams params, next;                // scales and zero points of the current group and the next
 
   __device__ TokensOnTensorCores(const GemmArgs& a, int col, Staging& st)
@@ -214,11 +224,21 @@ struct TokensOnTensorCores {
               acc[j][b][i] * (scale_of(next, j, i / 2) / kUnit);
   }
 
-  // Nibbles i and i + 4 of `word` as the pair 2^p (16 + q) (bits 4i.., 4i + 16.. moved to bits p.., p + 16..).
+  // Nibbles i and i + 4 of `word` as the pair 2^m + 2^p q (bits 4i.., 4i + 16.. moved to bits p.., p + 16..).
   static __device__ __forceinline__ uint32_t biased_pair(uint32_t word, int i) {
     constexpr uint32_t kMask = 0x000f000fu << kCodeBit;
     const uint32_t moved = 4 * i >= kCodeBit ? word >> (4 * i - kCodeBit) : word << (kCodeBit - 4 * i);
     return mask_or(moved, kMask, Dtype<T>::kMagic);
+  }
+
+  // Pair i of a weight word, centered: 2^p (q - z).
+  __device__ __forceinline__ uint32_t centered_pair(uint32_t word, int i, int j) const {
+    if constexpr (kHighNibbles) {
+      const uint32_t biased = mask_or(i < 2 ? word : word >> 8, i % 2 ? 0x00f000f0u : 0x000f000fu, Dtype<T>::kMagic);
+      return i % 2 ? Dtype<T>::fma2(biased, 0x2c002c00u, centers_high[j][i / 2])  // 1/16 in both halves
+                   : Dtype<T>::fma2(biased, Dtype<T>::kOnes, centers[j][i / 2]);
+    }
+    return Dtype<T>::fma2(biased_pair(word, i), Dtype<T>::kOnes, centers[j][i / 2]);
   }
 
   // `next_group` is the first tile of the group after this one.
@@ -229,7 +249,11 @@ struct TokensOnTensorCores {
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) centers[j][h] = biased_pair(word_zero_bits(params.zeros, j), h) ^ 0x80008000u;
+        for (int h = 0; h < 2; ++h) {
+          centers[j][h] = biased_pair(word_zero_bits(params.zeros, j), h) ^ 0x80008000u;
+          if constexpr (kHighNibbles)  // -(1024 + z) + 960
+            centers_high[j][h] = Dtype<T>::fma2(centers[j][h], Dtype<T>::kOnes, 0x63806380u);
+        }
     }
   }
 
@@ -252,10 +276,7 @@ struct TokensOnTensorCores {
       // b2b3 of 2j, b0b1 of 2j + 1, b2b3 of 2j + 1
       uint32_t b[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        b[i] = biased_pair(words[j], i);
-        if constexpr (kCentered) b[i] = Dtype<T>::fma2(b[i], Dtype<T>::kOnes, centers[j][i / 2]);  // 2^p (q - z)
-      }
+      for (int i = 0; i < 4; ++i) b[i] = kCentered ? centered_pair(words[j], i, j) : biased_pair(words[j], i);
       const uint32_t a[4] = {b[0], b[2], b[1], b[3]};
 #pragma unroll
       for (int nb = 0; nb < kTokenBlocks; ++nb) Dtype<T>::mma(acc[j][nb], a, x[nb][0], x[nb][1]);
