@@ -398,7 +398,7 @@ def test_gpu_small_shapes(shape, group_size):
 def test_gpu_fused_paths_are_as_accurate_as_the_reference(dtype, group_size, sym, shape):
     """Against the exact product (fp64), no fused path's error may exceed the torch reference's by more than
     10%: the decode path (decode.cu: M <= 16, and <= 32 on layers with N >= 2K or K >= 2N) multiplies the codes
-    on the tensor cores, biased (2^p (16 + q)) up to 8 rows and centered above, and applies zero point and scale
+    on the tensor cores, biased (2^m + 2^p q) up to 8 rows and centered above, and applies zero point and scale
     per group to the fp32 sums, kept in units of the group's scale, which activations of a large mean stress (the
     bias times their sum is most of each sum); larger M dequantizes per pair, on mma.sync (marlin.cu) or (Hopper)
     wgmma. 11008x4096 takes decode at M = 24 and 32 as a deep layer."""

@@ -90,18 +90,22 @@ __device__ __forceinline__ GroupParams load_group_params(const GemmArgs& args, i
 //
 // The codes go into the mma unscaled. OR-ing a nibble q into mantissa bits p..p+3 of a power of two 2^m
 // (m = 10 fp16, 7 bf16; kMagic) gives the exact value 2^m + 2^p q: one lop3 a pair, after a shift unless the
-// nibble already lies there. With one token block they go in biased, at p = m - 4 (the top 4 bits: 2^p (16 + q)),
-// and one more mma a tile, against ones, gives each token's activation sum S: the group's products D are then
-// s 2^-p (D - 2^p (16 + z) S), for scale s and zero point z. With two or four token blocks (kCentered) one fma2
-// a pair subtracts 2^m + 2^p z instead, exactly (the pair is 2^p (q - z)), and the mma of the sums goes: on an
-// H200 (interleaved A/Bs, bf16 and fp16 g128, benchmarks/results/2026-12-01-decode-centered.md) M = 12/16 2-5%
-// less time on all six Llama-2 layers, M = 24/32 7-10% on the wide ones, where with one token block it cost 0-4%
-// more (the kernel is memory bound there, and its ALU work grows). Products of fp16/bf16 values are exact in
-// fp32; the bias of 16 costs a few of the 24 bits of the sums, below the output's rounding (a bias of 1024, the
-// low nibble of fp16's magic, made fp16 errors 1.6-3.4x the torch reference's on activations of mean 3).
+// nibble already lies there. With one token block they go in biased (fp16 at p = m - 4, the top 4 bits:
+// 2^p (16 + q); bf16 at p = 0: 128 + q), and one more mma a tile, against ones, gives each token's activation sum
+// S: the group's products D are then s 2^-p (D - (2^m + 2^p z) S), for scale s and zero point z. With two or four
+// token blocks (kCentered) one fma2 a pair subtracts 2^m + 2^p z instead, exactly (the pair is 2^p (q - z)), and
+// the mma of the sums goes: on an H200 (interleaved A/Bs, bf16 and fp16 g128,
+// benchmarks/results/2026-12-01-decode-centered.md) M = 12/16 2-5% less time on all six Llama-2 layers, M = 24/32
+// 7-10% on the wide ones, where with one token block it cost 0-4% more (the kernel is memory bound there, and its
+// ALU work grows). bf16 biased at p = 0 with two or four token blocks, 8% and 3% fewer instructions than centered,
+// was 1-3% slower at M = 16 and 3-11% at M = 32: the mma of the sums cost more than the adds they replace
+// (2026-12-02-decode-one-block-sums.md). Products of fp16/bf16 values are exact in fp32; the bias costs a few of
+// the 24 bits of the sums, below the output's rounding: 16 units of q for fp16, 128 for bf16, whose output is 8
+// times coarser (a bias of 1024 units, fp16 at p = 0, made fp16 errors 1.6-3.4x the torch reference's on
+// activations of mean 3).
 // The sums stay in the units of the group being multiplied: while group g runs, acc holds (the sums of the
 // groups before) / s_g, and its mma add D_g straight into acc; at its end
-//     acc <- (s_g / s_g+1) (acc - 2^p (16 + z_g) S)        (centered: acc <- (s_g / s_g+1) acc)
+//     acc <- (s_g / s_g+1) (acc - (2^m + 2^p z_g) S)        (centered: acc <- (s_g / s_g+1) acc)
 // which is (the sums up to g) / s_g+1, and the warp's last group ends with the scale of the group after it
 // (`next`, read a group ahead; past K, the last one), which `store` multiplies back. So one set of fp32 sums
 // a lane, not two (the running sums and the group's D): 64 registers less with four token blocks. Scales
@@ -118,6 +122,7 @@ __device__ __forceinline__ GroupParams load_group_params(const GemmArgs& args, i
 template <typename T, bool kHasZeros, int kTokenBlocks>
 struct TokensOnTensorCores {
   using Element = T;
+  static constexpr bool kIsHalf = std::is_same<T, half>::value;
   static constexpr bool kCentered = kTokenBlocks >= 2;  // codes minus their zero point before the mma
   static constexpr int kRows = 8 * kTokenBlocks;
   static constexpr int kBlocksPerSm = blocks_per_sm(kRows);
@@ -129,9 +134,11 @@ struct TokensOnTensorCores {
   // A/Bs, g128 zero points, benchmarks/results/2026-12-02-decode-fewer-shifts.md), M = 12/16, bf16: p = 0 took 4-5%
   // less time on 70B-up, 70B-down, 7B-down and the 70B attention output, 1-2.5% on the other layers (M = 32 0-1%);
   // fp16's high nibbles 4.5-6% less than p = 0 alone on the 70B layers and 7B-up, 1-4% on the others (M = 24/32 level).
-  static constexpr int kCodeBit = kCentered ? 0 : std::is_same<T, half>::value ? 6 : 3;
+  // One token block (biased): fp16 at p = 6, bf16 at p = 0 (three shifts a word instead of four).
+  static constexpr int kCodeBit = kIsHalf && !kCentered ? 6 : 0;
   static constexpr float kUnit = 1 << kCodeBit;  // 2^p
-  static constexpr bool kHighNibbles = kCentered && std::is_same<T, half>::value;
+  static constexpr float kMagicValue = kIsHalf ? 1024.f : 128.f;  // 2^m
+  static constexpr bool kHighNibbles = kCentered && kIsHalf;
   // Per warp, two chunks of activations: kRows rows x 16 uint4 (128 k values), rows padded to 17 uint4 so
   // that the 8 rows an ldmatrix matrix reads fall in 8 different bank groups.
   static constexpr int kRowStride = 17;
@@ -141,13 +148,16 @@ struct TokensOnTensorCores {
   static constexpr uint32_t kBufferBytes = sizeof(Staging) / 2;
   const GemmArgs& args;
   const int lane, column_tile;
-  const uint32_t copy_to;    // shared address of the lane's first copy (row lane/16, k/8 = lane % 16), buffer 0
+  const uint32_t copy_to;    // shared address of the lane's first copy (row lane/8, k/8 = lane % 8), buffer 0
   const uint32_t read_from;  // shared address of the lane's ldmatrix row for tile 0, buffer 0
   int first = 0;
   uint32_t x_chunk = 0;  // read_from in the current chunk's buffer
   // word j, token block b: features 16j + lane/4 + {0, 8} x tokens 8b + 2(lane % 4) + {0, 1}
   float acc[4][kTokenBlocks][4] = {};
-  float token_sums[kTokenBlocks][2] = {};  // (not centered) the group's S of tokens 8b + 2(lane % 4) + {0, 1}
+  // (not centered) the group's activation sums S so far of tokens 8b + 2(lane % 4) + {0, 1}, as the mma of ones
+  // and the tokens leaves them: [b][2] and [b][3] repeat [b][0] and [b][1]. (Zeroing those two before every mma,
+  // to keep two registers, cost fp16 M = 1..8 2-3.5% more time: 2026-12-02-decode-one-block-sums.md.)
+  float token_sums[kTokenBlocks][4] = {};
   uint32_t centers[4][2];                   // (centered) -(2^m + 2^p z) in both halves, feature 16j + lane/4 + 8h
   uint32_t centers_high[kHighNibbles ? 4 : 1][2];  // (kHighNibbles) -(64 + z)
   GroupParams params, next;                // scales and zero points of the current group and the next
@@ -156,21 +166,24 @@ struct TokensOnTensorCores {
       : args(a),
         lane(threadIdx.x % 32),
         column_tile(col),
-        copy_to(smem_address(&st.x[0][(lane / 16) * kRowStride + lane % 16])),
+        copy_to(smem_address(&st.x[0][(lane / 8) * kRowStride + lane % 8])),
         // ldmatrix: lane l gives row l % 8 of matrix l / 8: tokens 0-7 x k 0-7 / 8-15, then tokens 8-15
         // (an x2 load reads the addresses of lanes 0-15 only)
         read_from(smem_address(&st.x[0][(8 * (lane / 16) + lane % 8) % kRows * kRowStride + (lane / 8) % 2])) {}
 
-  // Chunk c's activations into buffer b: the lane copies k values 8(lane % 16).. of rows lane/16 + 2i
-  // (rows past M are left as they are: an output column depends on its own token only, and those
-  // outputs are never written).
+  // Chunk c's activations into buffer b: the lane copies k values 8(lane % 8).. and 64 + 8(lane % 8).. of rows
+  // lane/8 + 4i (two copies a row, 128 bytes apart, on one address and one predicate). Rows past M are left as
+  // they are: an output column depends on its own token only, and those outputs are never written.
   __device__ __forceinline__ void copy_chunk(int c, int b) {
-    const int rows_left = args.M - lane / 16;  // rows 2i + lane/16 < M
-    const uint4* x = args.x + (size_t)(lane / 16) * (args.K / 8) + c * 16 + lane % 16;
+    const int rows_left = args.M - lane / 8;  // rows 4i + lane/8 < M
+    const uint4* x = args.x + (size_t)(lane / 8) * (args.K / 8) + c * 16 + lane % 8;
     const uint32_t to = copy_to + b * kBufferBytes;
 #pragma unroll
-    for (int i = 0; i < kRows / 2; ++i, x += args.K / 4) {
-      if (2 * i < rows_left) cp_async16_via_l1(to + 2 * i * kRowStride * 16, x);
+    for (int i = 0; i < kRows / 4; ++i, x += args.K / 2) {
+      if (4 * i < rows_left) {
+        cp_async16_via_l1(to + 4 * i * kRowStride * 16, x);
+        cp_async16_via_l1(to + 4 * i * kRowStride * 16 + 128, x + 8);
+      }
     }
     cp_async_commit();
   }
@@ -263,11 +276,7 @@ struct TokensOnTensorCores {
     if constexpr (!kCentered) {
       const uint32_t ones[4] = {Dtype<T>::kOnes, Dtype<T>::kOnes, Dtype<T>::kOnes, Dtype<T>::kOnes};
 #pragma unroll
-      for (int nb = 0; nb < kTokenBlocks; ++nb) {
-        float s[4] = {token_sums[nb][0], token_sums[nb][1], 0.f, 0.f};  // rows 8-15 repeat rows 0-7
-        Dtype<T>::mma(s, ones, x[nb][0], x[nb][1]);
-        token_sums[nb][0] = s[0], token_sums[nb][1] = s[1];
-      }
+      for (int nb = 0; nb < kTokenBlocks; ++nb) Dtype<T>::mma(token_sums[nb], ones, x[nb][0], x[nb][1]);
     }
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
@@ -290,7 +299,7 @@ struct TokensOnTensorCores {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // features 16j + lane/4 + 8h: subtile 2j + h
         const float ratio = scale_of(params, j, h) * reciprocal(scale_of(next, j, h));
-        const float offset = -kUnit * (16.f + (float)((zero_bits >> (4 * h)) & 0xf));
+        const float offset = -(kMagicValue + kUnit * (float)((zero_bits >> (4 * h)) & 0xf));
 #pragma unroll
         for (int nb = 0; nb < kTokenBlocks; ++nb)
 #pragma unroll
@@ -301,7 +310,9 @@ struct TokensOnTensorCores {
       }
     }
 #pragma unroll
-    for (int nb = 0; nb < kTokenBlocks; ++nb) token_sums[nb][0] = token_sums[nb][1] = 0.f;
+    for (int nb = 0; nb < kTokenBlocks; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) token_sums[nb][i] = 0.f;
   }
 };
 
