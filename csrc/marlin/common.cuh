@@ -164,63 +164,91 @@ struct Dtype<__nv_bfloat16> {
 // The zero-point word of a symmetric weight: every nibble 8.
 constexpr uint32_t kSymmetricZeros = 0x88888888u;
 
-// The constants of one weight word of a lane (subtiles 2j and 2j + 1, see the layout in marlin.cu):
-// the scale and zero point of each of the two subtiles, ready for the pair arithmetic.
+// The zero points of one weight word of a lane (subtiles 2j and 2j + 1, see the layout in marlin.cu), ready to
+// center its codes: q - z, exact in either dtype. The decode kernel multiplies the centered codes and scales the
+// fp32 sums; the other kernels scale the pairs (WordConstants).
 template <typename T>
-struct WordConstants;
+struct WordCenters;
+
+// WordCenters::center's default step after centering a pair: none.
+struct Unchanged {
+  __device__ __forceinline__ uint32_t operator()(uint32_t pair, int) const { return pair; }
+};
 
 template <>
-struct WordConstants<half> {
-  half2 scale[2];
+struct WordCenters<half> {
   half2 zero_low[2];   // 1024 + z: subtracted from low-nibble pairs, which hold 1024 + q
   half2 zero_high[2];  // -(64 + z): added to high-nibble pairs (1024 + 16q) after their 1/16 scaling
 
-  // scale_pair: (scale of subtile 2j, scale of 2j + 1); zero_bits: the zero of subtile 2j at nibbles 0
-  // and 4, that of 2j + 1 at nibbles 1 and 5.
-  __device__ __forceinline__ void load(uint32_t scale_pair, uint32_t zero_bits) {
-    const half2 k960 = bit_cast<half2>(0x63806380u);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      scale[i] = bit_cast<half2>(__byte_perm(scale_pair, 0, i ? 0x3232 : 0x1010));
-      zero_low[i] = bit_cast<half2>(mask_or(zero_bits >> (4 * i), 0x000f000fu, Dtype<half>::kMagic));
-      zero_high[i] = __hsub2(k960, zero_low[i]);
-    }
+  // The zero point of subtile 2j + i (i = 0, 1). zero_bits: that of subtile 2j at nibbles 0 and 4, that of 2j + 1
+  // at nibbles 1 and 5.
+  __device__ __forceinline__ void load(uint32_t zero_bits, int i) {
+    zero_low[i] = bit_cast<half2>(mask_or(zero_bits >> (4 * i), 0x000f000fu, Dtype<half>::kMagic));
+    zero_high[i] = __hsub2(bit_cast<half2>(0x63806380u), zero_low[i]);  // 960 - (1024 + z)
   }
 
-  // The word -> B fragments {b0b1, b2b3} of subtile 2j, then of subtile 2j + 1.
-  __device__ __forceinline__ void dequant(uint32_t q, uint32_t (&b)[4]) const {
+  // The word -> the pairs then(q - z, i) {b0b1, b2b3} of subtile 2j, then of subtile 2j + 1 (i = 0..3). The odd
+  // nibbles stay 4 bits up, where they lie (1024 + 16q), and one fma by 1/16 centers them: one shift a word.
+  template <typename Then = Unchanged>
+  __device__ __forceinline__ void center(uint32_t q, uint32_t (&b)[4], Then then = {}) const {
     const half2 sixteenth = bit_cast<half2>(0x2c002c00u);
     const uint32_t low0 = mask_or(q, 0x000f000fu, Dtype<half>::kMagic);
     const uint32_t high0 = mask_or(q, 0x00f000f0u, Dtype<half>::kMagic);
     q >>= 8;
     const uint32_t low1 = mask_or(q, 0x000f000fu, Dtype<half>::kMagic);
     const uint32_t high1 = mask_or(q, 0x00f000f0u, Dtype<half>::kMagic);
-    b[0] = bit_cast<uint32_t>(__hmul2(__hsub2(bit_cast<half2>(low0), zero_low[0]), scale[0]));
-    b[1] = bit_cast<uint32_t>(__hmul2(__hfma2(bit_cast<half2>(high0), sixteenth, zero_high[0]), scale[0]));
-    b[2] = bit_cast<uint32_t>(__hmul2(__hsub2(bit_cast<half2>(low1), zero_low[1]), scale[1]));
-    b[3] = bit_cast<uint32_t>(__hmul2(__hfma2(bit_cast<half2>(high1), sixteenth, zero_high[1]), scale[1]));
+    b[0] = then(bit_cast<uint32_t>(__hsub2(bit_cast<half2>(low0), zero_low[0])), 0);
+    b[1] = then(bit_cast<uint32_t>(__hfma2(bit_cast<half2>(high0), sixteenth, zero_high[0])), 1);
+    b[2] = then(bit_cast<uint32_t>(__hsub2(bit_cast<half2>(low1), zero_low[1])), 2);
+    b[3] = then(bit_cast<uint32_t>(__hfma2(bit_cast<half2>(high1), sixteenth, zero_high[1])), 3);
   }
 };
 
 template <>
-struct WordConstants<__nv_bfloat16> {
-  __nv_bfloat162 scale[2];
+struct WordCenters<__nv_bfloat16> {
   __nv_bfloat162 zero[2];  // 128 + z: subtracted from the pairs, which hold 128 + q
 
-  __device__ __forceinline__ void load(uint32_t scale_pair, uint32_t zero_bits) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      scale[i] = bit_cast<__nv_bfloat162>(__byte_perm(scale_pair, 0, i ? 0x3232 : 0x1010));
-      zero[i] = bit_cast<__nv_bfloat162>(mask_or(zero_bits >> (4 * i), 0x000f000fu, Dtype<__nv_bfloat16>::kMagic));
-    }
+  __device__ __forceinline__ void load(uint32_t zero_bits, int i) {
+    zero[i] = bit_cast<__nv_bfloat162>(mask_or(zero_bits >> (4 * i), 0x000f000fu, Dtype<__nv_bfloat16>::kMagic));
   }
 
-  __device__ __forceinline__ void dequant(uint32_t q, uint32_t (&b)[4]) const {
+  // (bf16's 7 mantissa bits leave no room for fp16's high nibbles: three shifts a word.)
+  template <typename Then = Unchanged>
+  __device__ __forceinline__ void center(uint32_t q, uint32_t (&b)[4], Then then = {}) const {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const uint32_t biased = mask_or(q >> (4 * i), 0x000f000fu, Dtype<__nv_bfloat16>::kMagic);
-      b[i] = bit_cast<uint32_t>(__hmul2(__hsub2(bit_cast<__nv_bfloat162>(biased), zero[i / 2]), scale[i / 2]));
+      b[i] = then(bit_cast<uint32_t>(__hsub2(bit_cast<__nv_bfloat162>(biased), zero[i / 2])), i);
     }
+  }
+};
+
+// The constants of one weight word of a lane: the zero point and scale of each of its two subtiles, ready for
+// the pair arithmetic.
+template <typename T>
+struct WordConstants {
+  using T2 = typename Dtype<T>::T2;
+  T2 scale[2];
+  WordCenters<T> centers;
+
+  // scale_pair: (scale of subtile 2j, scale of 2j + 1); zero_bits as WordCenters takes them. (Each subtile's scale
+  // and zero point in turn, below each pair scaled as soon as it is centered, and the scales first in the struct:
+  // the order of the code before WordCenters was split out, which gives marlin.cu the same PTX. In other orders
+  // ptxas allocated and scheduled its mma.sync kernel otherwise, and the Ampere build ran 2-5% slower on an H200 at
+  // M = 64..128: benchmarks/results/2026-12-02-word-centers.md.)
+  __device__ __forceinline__ void load(uint32_t scale_pair, uint32_t zero_bits) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      scale[i] = bit_cast<T2>(__byte_perm(scale_pair, 0, i ? 0x3232 : 0x1010));
+      centers.load(zero_bits, i);
+    }
+  }
+
+  // The word -> B fragments {b0b1, b2b3} of subtile 2j, then of subtile 2j + 1: (q - z) s.
+  __device__ __forceinline__ void dequant(uint32_t q, uint32_t (&b)[4]) const {
+    centers.center(q, b, [this](uint32_t pair, int i) {
+      return bit_cast<uint32_t>(__hmul2(bit_cast<T2>(pair), scale[i / 2]));
+    });
   }
 };
 

@@ -93,9 +93,9 @@ __device__ __forceinline__ GroupParams load_group_params(const GemmArgs& args, i
 // nibble already lies there. With one token block they go in biased (fp16 at p = m - 4, the top 4 bits:
 // 2^p (16 + q); bf16 at p = 0: 128 + q), and one more mma a tile, against ones, gives each token's activation sum
 // S: the group's products D are then s 2^-p (D - (2^m + 2^p z) S), for scale s and zero point z. With two or four
-// token blocks (kCentered) one fma2 a pair subtracts 2^m + 2^p z instead, exactly (the pair is 2^p (q - z)), and
-// the mma of the sums goes: on an H200 (interleaved A/Bs, bf16 and fp16 g128,
-// benchmarks/results/2026-12-01-decode-centered.md) M = 12/16 2-5% less time on all six Llama-2 layers, M = 24/32
+// token blocks (kCentered) the pairs are centered instead, exactly (q - z, WordCenters in common.cuh, which the
+// other kernels' dequantization shares), and the mma of the sums goes: on an H200 (interleaved A/Bs, bf16 and fp16
+// g128, benchmarks/results/2026-12-01-decode-centered.md) M = 12/16 2-5% less time on all six Llama-2 layers, M = 24/32
 // 7-10% on the wide ones, where with one token block it cost 0-4% more (the kernel is memory bound there, and its
 // ALU work grows). bf16 biased at p = 0 with two or four token blocks, 8% and 3% fewer instructions than centered,
 // was 1-3% slower at M = 16 and 3-11% at M = 32: the mma of the sums cost more than the adds they replace
@@ -126,19 +126,17 @@ struct TokensOnTensorCores {
   static constexpr bool kCentered = kTokenBlocks >= 2;  // codes minus their zero point before the mma
   static constexpr int kRows = 8 * kTokenBlocks;
   static constexpr int kBlocksPerSm = blocks_per_sm(kRows);
-  // p: where q sits in the mantissa (see below). Centered pairs are exact at any p, and at p = 0 nibbles 0 and 4
-  // need no shift: three shifts a word instead of four. Centered fp16 also takes nibbles 1 and 5 (and 3 and 7, after
-  // one shift by 8) where they lie, 4 bits up (kHighNibbles): OR-ed into 1024 they give 1024 + 16 q, which one fma2
-  // by 1/16 centers as exactly: one shift a word. (bf16's 7 mantissa bits leave no room for that.) The loop of a
-  // chunk at two token blocks (sm_90a): 694 -> 658 instructions (bf16), 694 -> 605 (fp16). On an H200 (interleaved
-  // A/Bs, g128 zero points, benchmarks/results/2026-12-02-decode-fewer-shifts.md), M = 12/16, bf16: p = 0 took 4-5%
-  // less time on 70B-up, 70B-down, 7B-down and the 70B attention output, 1-2.5% on the other layers (M = 32 0-1%);
-  // fp16's high nibbles 4.5-6% less than p = 0 alone on the 70B layers and 7B-up, 1-4% on the others (M = 24/32 level).
+  // p: where q sits in the mantissa (see below). Centered pairs (WordCenters) lie at p = 0, where nibbles 0 and 4
+  // need no shift (fp16 also takes nibbles 1 and 5, and 3 and 7 after one shift by 8, where they lie, 4 bits up,
+  // and centers them by one fma2 by 1/16: one shift a word; bf16 three). The loop of a chunk at two token blocks
+  // (sm_90a): 694 -> 658 instructions (bf16), 694 -> 605 (fp16). On an H200 (interleaved A/Bs, g128 zero points,
+  // benchmarks/results/2026-12-02-decode-fewer-shifts.md), M = 12/16, bf16: p = 0 took 4-5% less time on 70B-up,
+  // 70B-down, 7B-down and the 70B attention output, 1-2.5% on the other layers (M = 32 0-1%); fp16's high nibbles
+  // 4.5-6% less than p = 0 alone on the 70B layers and 7B-up, 1-4% on the others (M = 24/32 level).
   // One token block (biased): fp16 at p = 6, bf16 at p = 0 (three shifts a word instead of four).
   static constexpr int kCodeBit = kIsHalf && !kCentered ? 6 : 0;
   static constexpr float kUnit = 1 << kCodeBit;  // 2^p
   static constexpr float kMagicValue = kIsHalf ? 1024.f : 128.f;  // 2^m
-  static constexpr bool kHighNibbles = kCentered && kIsHalf;
   // Per warp, two chunks of activations: kRows rows x 16 uint4 (128 k values), rows padded to 17 uint4 so
   // that the 8 rows an ldmatrix matrix reads fall in 8 different bank groups.
   static constexpr int kRowStride = 17;
@@ -158,8 +156,7 @@ struct TokensOnTensorCores {
   // and the tokens leaves them: [b][2] and [b][3] repeat [b][0] and [b][1]. (Zeroing those two before every mma,
   // to keep two registers, cost fp16 M = 1..8 2-3.5% more time: 2026-12-02-decode-one-block-sums.md.)
   float token_sums[kTokenBlocks][4] = {};
-  uint32_t centers[4][2];                   // (centered) -(2^m + 2^p z) in both halves, feature 16j + lane/4 + 8h
-  uint32_t centers_high[kHighNibbles ? 4 : 1][2];  // (kHighNibbles) -(64 + z)
+  WordCenters<T> centers[kCentered ? 4 : 1];  // (centered) the zero points of word j
   GroupParams params, next;                // scales and zero points of the current group and the next
 
   __device__ TokensOnTensorCores(const GemmArgs& a, int col, Staging& st)
@@ -244,29 +241,15 @@ struct TokensOnTensorCores {
     return mask_or(moved, kMask, Dtype<T>::kMagic);
   }
 
-  // Pair i of a weight word, centered: 2^p (q - z).
-  __device__ __forceinline__ uint32_t centered_pair(uint32_t word, int i, int j) const {
-    if constexpr (kHighNibbles) {
-      const uint32_t biased = mask_or(i < 2 ? word : word >> 8, i % 2 ? 0x00f000f0u : 0x000f000fu, Dtype<T>::kMagic);
-      return i % 2 ? Dtype<T>::fma2(biased, 0x2c002c00u, centers_high[j][i / 2])  // 1/16 in both halves
-                   : Dtype<T>::fma2(biased, Dtype<T>::kOnes, centers[j][i / 2]);
-    }
-    return Dtype<T>::fma2(biased_pair(word, i), Dtype<T>::kOnes, centers[j][i / 2]);
-  }
-
   // `next_group` is the first tile of the group after this one.
   __device__ __forceinline__ void start_group(int next_group) {
     params = next;
     next = load_group_params<kHasZeros>(args, next_group, column_tile, lane);
-    if constexpr (kCentered) {  // the zero points lie as the codes do: subtile 2j + h at nibbles h, h + 4
+    if constexpr (kCentered) {
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          centers[j][h] = biased_pair(word_zero_bits(params.zeros, j), h) ^ 0x80008000u;
-          if constexpr (kHighNibbles)  // -(1024 + z) + 960
-            centers_high[j][h] = Dtype<T>::fma2(centers[j][h], Dtype<T>::kOnes, 0x63806380u);
-        }
+        for (int i = 0; i < 2; ++i) centers[j].load(word_zero_bits(params.zeros, j), i);
     }
   }
 
@@ -281,11 +264,15 @@ struct TokensOnTensorCores {
     const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      // nibbles {i, i + 4} (bits 4i.., 4i + 16..) moved to bits p.., p + 16..: the pairs b0b1 of subtile 2j,
-      // b2b3 of 2j, b0b1 of 2j + 1, b2b3 of 2j + 1
+      // the pairs b0b1 of subtile 2j, b2b3 of 2j, b0b1 of 2j + 1, b2b3 of 2j + 1 (biased: nibbles {i, i + 4}, bits
+      // 4i.. and 4i + 16.., moved to bits p.., p + 16..)
       uint32_t b[4];
+      if constexpr (kCentered) {
+        centers[j].center(words[j], b);
+      } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) b[i] = kCentered ? centered_pair(words[j], i, j) : biased_pair(words[j], i);
+        for (int i = 0; i < 4; ++i) b[i] = biased_pair(words[j], i);
+      }
       const uint32_t a[4] = {b[0], b[2], b[1], b[3]};
 #pragma unroll
       for (int nb = 0; nb < kTokenBlocks; ++nb) Dtype<T>::mma(acc[j][nb], a, x[nb][0], x[nb][1]);

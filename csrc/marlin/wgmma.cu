@@ -187,8 +187,12 @@ struct WgWork {
 };
 
 // kSplits: the launch is k splits (work.splits > 1), compiled apart from stream-K so that neither pays for the
-// other's registers (the split kernel then knows its one run starts the ring).
-template <typename T, int BM, bool kHasZeros, bool kSplits>
+// other's registers (the split kernel then knows its one run starts the ring). kGroupRows: stage_group_rows of the
+// group size, compiled in so that the loop has no branches on it: on an H200 (bf16 and fp16 g128, interleaved A/B,
+// benchmarks/results/2026-12-02-word-centers.md) M = 64 1-5% less time, M = 256 and 1024 0-1.7%; the loop of a
+// stage at g128 has 324 instructions (bf16, 64 rows, zero points), where the code for any group size had 465 (not
+// all of them run at g128).
+template <typename T, int BM, int kGroupRows, bool kHasZeros, bool kSplits>
 __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
     marlin_wgmma_kernel(const GemmArgs args, const __grid_constant__ WgMaps maps, const WgWork work) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -222,7 +226,7 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
   // waiting for it at their wgmmas and for the late stages at their barriers.)
   // Stages go through the ring in the order the block takes them, over all its tiles: its g-th stage
   // sits in slot g % kStages, and the slot is free again when all threads have released stage g - kStages.
-  const uint32_t stage_bytes = C::kX + C::kW + stage_group_rows(shift) * (C::kScaleRow + (kHasZeros ? C::kZeroRow : 0));
+  const uint32_t stage_bytes = C::kX + C::kW + kGroupRows * (C::kScaleRow + (kHasZeros ? C::kZeroRow : 0));
   // In two parts, so that a block's first stages can fetch their weight words before the prior kernel
   // has ended (see accumulate): the weight words, then the rest.
   auto fetch_weights = [&](uint32_t g, int t0, int k_stage) {
@@ -245,7 +249,6 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
   // each lane's uint4 of its warpgroup's tile (tile wg of the block). The group's scales and zero points (`consts`)
   // are read where a group row starts: the second half keeps the first's for groups of 128 or one group.
   using Fragments = uint32_t[4][4];
-  const bool row_each_half = shift >= 0 && shift < 7;
   auto dequantize = [&](const uint8_t* st, int half, Fragments& a, WordConstants<T>& consts) {
     const uint32_t* words = reinterpret_cast<const uint32_t*>(st + C::kX) + half * 4 * C::kTiles * 128;
     const uint32_t* scale_pairs = reinterpret_cast<const uint32_t*>(st + C::kX + C::kW);
@@ -255,8 +258,8 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
     for (int kk = 0; kk < 4; ++kk) q[kk] = words[((kk * C::kTiles + wg) * 32 + lane) * 4 + w];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      if (kk == 0 ? half == 0 || row_each_half : kk == 2 && shift == 5) {  // (groups of 32: two a half)
-        const int row = shift < 0 ? 0 : (half * kHalfK + kk * 16) >> shift;  // the stage's group row
+      if (kk == 0 ? half == 0 || kGroupRows > 1 : kk == 2 && kGroupRows == 4) {  // (groups of 32: two a half)
+        const int row = (half * kHalfK + kk * 16) * kGroupRows / kWgK;  // the stage's group row
         const int at = row * (kWgN / 8) + wg * 8 + lane / 4;  // uint4 of scales / uint2 of zeros of column lane / 4
         const uint32_t zeros = kHasZeros ? zero_words[at * 2 + w / 2] >> (8 * (w % 2)) : kSymmetricZeros;
         consts.load(scale_pairs[at * 4 + w], zeros);
@@ -596,10 +599,19 @@ const char* encode_maps(WgMaps* maps, const GemmArgs& args, int bm) {
   return ok ? nullptr : "marlin: cuTensorMapEncodeTiled refused a tensor of this call";
 }
 
+template <typename T, int BM, int kGroupRows, bool kHasZeros>
+auto wgmma_kernel(bool splits) {
+  return splits ? marlin_wgmma_kernel<T, BM, kGroupRows, kHasZeros, true>
+                : marlin_wgmma_kernel<T, BM, kGroupRows, kHasZeros, false>;
+}
+
 template <typename T, int BM, bool kHasZeros>
 const char* launch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, const DeviceInfo& device, cudaStream_t stream) {
-  auto kernel = plan.work.splits > 1 ? marlin_wgmma_kernel<T, BM, kHasZeros, true>
-                                     : marlin_wgmma_kernel<T, BM, kHasZeros, false>;
+  const bool splits = plan.work.splits > 1;
+  const int group_rows = stage_group_rows(args.group_shift);
+  auto kernel = group_rows == 1   ? wgmma_kernel<T, BM, 1, kHasZeros>(splits)
+                : group_rows == 2 ? wgmma_kernel<T, BM, 2, kHasZeros>(splits)
+                                  : wgmma_kernel<T, BM, 4, kHasZeros>(splits);
   constexpr int kSmem = WgTile<BM>::kSmemBytes;
   WgMaps maps;
   if (const char* bad = encode_maps<T>(&maps, args, BM)) return bad;
@@ -607,7 +619,7 @@ const char* launch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, const Devi
   if (err != cudaSuccess) return cudaGetErrorString(err);
   err = launch_dependent(kernel, dim3(plan.grid), dim3(WgTile<BM>::kThreads), kSmem, stream,
                          device.dependent_launch, 1, args, maps, plan.work);
-  if (err == cudaSuccess && plan.work.splits > 1) {
+  if (err == cudaSuccess && splits) {
     const int64_t quads = (int64_t)args.M * args.N / 4;
     const int grid = (int)std::min<int64_t>((quads + 255) / 256, 8 * device.sms);
     err = launch_dependent(wgmma_sum_splits_kernel<T>, dim3(grid), dim3(256), 0, stream, device.dependent_launch, 1,
