@@ -100,9 +100,12 @@ struct WgTile {
   static constexpr int kStage = (kX + kW + kScales + kZeros + 1023) / 1024 * 1024;  // swizzle atoms: 1024-aligned
   // As many stages as fit the 227 KB a block may take (3 at BM = 256, 4 at 128 and 160, 6 at 64, 8 at 32).
   static constexpr int kStages = (227 * 1024 - 1024) / kStage;
-  // Stage s refills the slot of stage s - kLag (see accumulate): with 3 stages the one just released, which the
-  // block's warpgroups must all have left; with more, the one before, so that they need not keep step.
-  static constexpr int kLag = kStages >= 4 ? 2 : 1;
+  // Stage s refills the slot of stage s - kLag (see accumulate), kStages - kLag stages ahead: with 3 stages the one
+  // just released, which the block's warpgroups must all have left; with more, half the ring back, so that they need
+  // not keep step. (At 6 and 8 stages, BM = 64 and 32, half the ring ahead rather than all but two took 0-2% less
+  // time at M = 48 and 64 and 2-4% on 70B-qkv at M = 32 on an H200, never more; two ahead at BM = 64 was 2-6% slower:
+  // benchmarks/results/2026-12-02-wgmma-producer-warp.md.)
+  static constexpr int kLag = kStages >= 4 ? kStages / 2 : 1;
   static constexpr int kOutRow = kWgN + 8;  // staged output row, padded so the fragment scatter hits all banks
   static constexpr int kPipeBytes = kStages * kStage;
   static constexpr int kOutBytes = BM * kOutRow * 2;
@@ -302,7 +305,10 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
   // the slot of stage s - kLag with stage s + kAhead. The refill is issued by lane 0 of warp s % (the block's
   // warps), after the second half's wgmmas, while they run: a warpgroup's wgmma starts only when all four of its
   // warps have issued it, so the refill delays its warpgroup's next step; taking turns spreads that delay over all
-  // warps (70B-up M = 64: 153 us against 169 when thread 0 issued every refill; the same at M >= 256).
+  // warps (70B-up M = 64: 153 us against 169 when thread 0 issued every refill; the same at M >= 256). A producer
+  // warp issuing every copy instead (so that no warpgroup waits for a refilling warp) was 0-4% faster where the
+  // blocks take stream-K runs, though its 17th warp cut the registers to 96 and spilled, and 4-15% slower where K
+  // is split, at M = 32..64 on an H200 (benchmarks/results/2026-12-02-wgmma-producer-warp.md).
   constexpr int kAhead = C::kStages - C::kLag;
   uint32_t ring = 0;  // stages this block has put through the ring
   auto accumulate = [&](int m0, int t0, int k_first, int stages) {
