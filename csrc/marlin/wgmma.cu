@@ -103,9 +103,9 @@ struct WgTile {
   // Stage s refills the slot of stage s - kLag (see accumulate), kStages - kLag stages ahead: with 3 stages the one
   // just released, which the block's warpgroups must all have left; with more, half the ring back, so that they need
   // not keep step. (At 6 and 8 stages, BM = 64 and 32, half the ring ahead rather than all but two took 0-2% less
-  // time at M = 48 and 64 and 4% on 70B-qkv at M = 24 and 32 on an H200, never more; two ahead at BM = 64 was 2-6% slower,
-  // three at BM = 32 1% slower, and three at 4 stages, the slot just released, 4-8% slower on 70B-up and 7B-up at
-  // M = 96..160: benchmarks/results/2026-12-02-wgmma-producer-warp.md.)
+  // time at M = 48 and 64 and 4% on 70B-qkv at M = 24 and 32 on an H200, never more; two ahead at BM = 64 was 2-6%
+  // slower, three at BM = 32 1% slower, and three at 4 stages, the slot just released, 4-8% slower on 70B-up and
+  // 7B-up at M = 96..160: benchmarks/results/2026-12-02-wgmma-producer-warp.md.)
   static constexpr int kLag = kStages >= 4 ? kStages / 2 : 1;
   static constexpr int kOutRow = kWgN + 8;  // staged output row, padded so the fragment scatter hits all banks
   static constexpr int kPipeBytes = kStages * kStage;
