@@ -36,8 +36,9 @@ __device__ __forceinline__ void cp_async16_or_zero(void* dst, const void* src, b
                "r"(src_bytes));
 }
 
-// p + offset (in uint4) as one mad.wide.u32, which runs on the FMA pipe; the 64-bit add the compiler
-// would emit takes two to four ALU instructions, and the ALU pipe is what limits the decode kernel.
+// p + offset (in uint4) as one mad.wide.u32, in place of the compiler's 64-bit index math. (ptxas lowers most of
+// these to a LEA + LEA.HI.X pair on the ALU pipe all the same; in decode.cu, moving them to IMAD.WIDE on the FMA
+// pipe took no time off: benchmarks/results/2026-12-03-decode-address-math.md.)
 __device__ __forceinline__ const uint4* offset_by(const uint4* p, uint32_t offset) {
   const uint4* r;
   asm("mad.wide.u32 %0, %1, 16, %2;\n" : "=l"(r) : "r"(offset), "l"(p));
