@@ -364,6 +364,20 @@ def test_gpu_llama_shapes(dtype, shape):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("group_size, sym", [(-1, True), (32, False), (64, True), (128, False)])
+def test_gpu_decode_shallow_ring_every_group(dtype, group_size, sym):
+    """At M = 9..16, 28672 x 8192 (70B-down: 4 splits, 512 blocks) fills 90% of a wave of 4 blocks an SM or more,
+    so decode.cu streams its weights through the shallow ring (kShallowRing tiles, each refilled part-way through a
+    chunk from the next one); 4096 x 12288 (7B-qkv: 384 blocks, under 90%) keeps the deep ring. Both at every
+    group size, with and without zero points."""
+    qw = random_quantized_weight(28672, 8192, group_size, sym=sym, act_order=group_size == 32, device="cuda")
+    check_rows(qw, dtype, (9, 12, 16))
+    deep = random_quantized_weight(4096, 12288, group_size, sym=sym, act_order=False, device="cuda")
+    check_rows(deep, dtype, (9, 16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("group_size, sym, act_order", [(-1, True, False), (32, False, True), (64, True, False),
                                                         (128, True, True), (128, False, False)])
 def test_gpu_8bit_every_configuration(dtype, group_size, sym, act_order):

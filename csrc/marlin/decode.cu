@@ -2,7 +2,7 @@
 // speculative drafts), on the same 4-bit marlin layout as marlin.cu. At these sizes a layer is a
 // stream of weight bytes: what counts is the bytes in flight and the instructions per weight, so the
 // weights go from global memory straight into registers (no shared-memory staging, no block barriers
-// in the loop), at 16 warps per SM (12 with two token blocks, 8 with four).
+// in the loop), at 16 warps per SM (12 with two token blocks but where kShallowRing applies, 8 with four).
 //
 // The multiplication (TokensOnTensorCores) runs on mma.sync with the tokens as the B operand, 8 tokens an
 // instruction, one, two or four blocks of 8: the codes go into the mma unscaled (a lop3 a pair, most after a
@@ -10,7 +10,8 @@
 // Work split: a block of kWarps warps (8 where `plan_decode` widens it) takes one 64-column tile and one of
 //   `splits` k ranges; its warps take consecutive 128-row chunks of that range. A warp streams its chunks
 //   through a ring of 8 registers (uint4), each refilled with the next chunk's tile as soon as it is read:
-//   4 KB a warp in flight, 64 KB an SM at 4 blocks (a deeper ring, 8-16 tiles in shared memory filled by
+//   4 KB a warp in flight, 64 KB an SM at 4 blocks (at M = 9..16 on grids that fill a wave, a ring of 4: see
+//   kShallowRing; a deeper ring, 8-16 tiles in shared memory filled by
 //   cp.async, was slower on nearly every layer, by up to 22%: benchmarks/results/2026-12-01-decode-streaming.md).
 //   Warps add up through shared memory; with several splits, each block writes fp32 partial sums and
 //   the last block of a column tile to finish (counted on its lock, which it then resets to zero) adds
@@ -38,7 +39,15 @@ constexpr int kMaxRows = 32;    // four blocks of 8 tokens
 // token blocks spill up to 48 bytes, 3 of four up to 28, none at g128 without zero points), one block more was
 // again no better: M = 12/16 1-10% more time on five of the six layers, M = 24/32 up to 4% less on 7B-qkv and
 // 7B-up, 6-7% more on the down layers (2026-12-01-decode-centered-run3.log).
-constexpr int blocks_per_sm(int rows) { return rows <= 8 ? 4 : rows <= 16 ? 3 : 2; }
+// With two token blocks, a ring of 4 weight tiles a warp (kShallowRing) in place of 8 frees the registers for 4
+// blocks (120-128 a thread, no spills): 16 warps an SM with half the bytes in flight each. Where the grid fills 90%
+// of that wave or more, plan_decode takes it. Measured on an H200 (interleaved, g128;
+// benchmarks/results/2026-12-03-decode-two-blocks-ring4.md): 70B-up M = 16 bf16 96.2 -> 93.1 us, fp16 84.5 -> 79.2,
+// 70B-down and 7B-down 1-3% less; on grids under 3/4 of a wave 7B-qkv 3-8% more, 70B-qkv 0-3%.
+constexpr int kShallowRing = 4;
+constexpr int blocks_per_sm(int rows, int ring_tiles = kChunkTiles) {
+  return rows <= 8 || ring_tiles < kChunkTiles ? 4 : rows <= 16 ? 3 : 2;
+}
 
 // 16 bytes read once (not kept in L1), if `valid`; else nothing is read and the value is undefined.
 __device__ __forceinline__ uint4 load_streaming(const uint4* p, bool valid) {
@@ -119,13 +128,14 @@ __device__ __forceinline__ GroupParams load_group_params(const GemmArgs& args, i
 // end_group (at the first and the last tile of each quantization group), multiply_tile (one 16 x 64 weight
 // tile, one uint4 a lane; given its place in the chunk) and store (the warp's sums, as plain values, into a
 // [kRows][64] tile); a warp's shared memory is its Staging.
-template <typename T, bool kHasZeros, int kTokenBlocks>
+template <typename T, bool kHasZeros, int kTokenBlocks, int kRing = kChunkTiles>
 struct TokensOnTensorCores {
   using Element = T;
   static constexpr bool kIsHalf = std::is_same<T, half>::value;
   static constexpr bool kCentered = kTokenBlocks >= 2;  // codes minus their zero point before the mma
   static constexpr int kRows = 8 * kTokenBlocks;
-  static constexpr int kBlocksPerSm = blocks_per_sm(kRows);
+  static constexpr int kRingTiles = kRing;  // weight tiles in flight a warp
+  static constexpr int kBlocksPerSm = blocks_per_sm(kRows, kRing);
   // p: where q sits in the mantissa (see below). Centered pairs (WordCenters) lie at p = 0, where nibbles 0 and 4
   // need no shift (fp16 also takes nibbles 1 and 5, and 3 and 7 after one shift by 8, where they lie, 4 bits up,
   // and centers them by one fma2 by 1/16: one shift a word; bf16 three). The loop of a chunk at two token blocks
@@ -303,27 +313,28 @@ struct TokensOnTensorCores {
   }
 };
 
-// Chunks [first, last) of one 64-column tile, with a ring of kChunkTiles loads in flight: the
-// register of tile t is refilled with tile t of the next chunk as soon as it has been read, so a warp
-// always has 8 uint4 (4 KB) on the way, in 32 registers. No branches: the loads past `last` are
-// predicated off.
+// Chunks [first, last) of one 64-column tile, with a ring of kRingTiles loads in flight (8, or kShallowRing): the
+// register of tile t is refilled with the tile kRingTiles after it (of this chunk or the next) as soon as it has
+// been read, so a warp always has kRingTiles uint4 (4 KB or 2 KB) on the way. No branches: the loads past `last`
+// are predicated off.
 template <int kGroupTiles, typename Multiplier>
 __device__ __forceinline__ void stream_chunks(Multiplier& math, const GemmArgs& args, int column_tile, int first,
                                               int last) {
   const uint4* column = args.qweight + column_tile * 32 + threadIdx.x % 32;
   const uint32_t stride = args.N / 64 * 32;  // uint4 from a tile to the next k16 tile
   uint32_t next = (uint32_t)first * kChunkTiles * stride;  // the next tile to load
-  uint4 ring[kChunkTiles];
+  constexpr int kRing = Multiplier::kRingTiles;
+  uint4 ring[kRing];
 #pragma unroll
-  for (int t = 0; t < kChunkTiles; ++t, next += stride) ring[t] = load_streaming(offset_by(column, next), first < last);
+  for (int t = 0; t < kRing; ++t, next += stride) ring[t] = load_streaming(offset_by(column, next), first < last);
   wait_for_prior_kernel();  // the first chunk's weights are on their way while the prior kernel ends
   math.begin(first, last);
   for (int c = first; c < last; ++c) {
     math.start_chunk(c, last);
 #pragma unroll
     for (int t = 0; t < kChunkTiles; ++t, next += stride) {
-      const uint4 w = ring[t];
-      ring[t] = load_streaming(offset_by(column, next), c + 1 < last);
+      const uint4 w = ring[t % kRing];
+      ring[t % kRing] = load_streaming(offset_by(column, next), t + kRing < kChunkTiles || c + 1 < last);
       if (t % kGroupTiles == 0) math.start_group(c * kChunkTiles + t + kGroupTiles);
       math.multiply_tile(w, t);
       if ((t + 1) % kGroupTiles == 0) math.end_group();
@@ -455,8 +466,8 @@ double balance(int blocks, int sms) { return blocks / (double)(sms * ((blocks + 
 // More token blocks make a chunk more work and a split's partial sums bigger: fewer splits did better there
 // (M = 16: 70B-down 2 splits 46.7 us against 49.5 at 4, 70B-qkv 21.8 against 22.2; M = 32: 7B-qkv 1 split
 // 21.3 against 23.1 at 2; benchmarks/results/2026-12-01-decode-32-rows.md).
-int decode_splits(const DeviceInfo& device, int M, int K, int N) {
-  const int column_tiles = N / 64, chunks = K / (kChunkTiles * 16), wave = blocks_per_sm(M) * device.sms;
+int decode_splits(const DeviceInfo& device, int M, int K, int N, int per_sm) {  // per_sm: blocks resident an SM
+  const int column_tiles = N / 64, chunks = K / (kChunkTiles * 16), wave = per_sm * device.sms;
   const int token_blocks = M <= 8 ? 1 : M <= 16 ? 2 : 4;  // as dispatch_rows picks them
   int splits = 1;
   while ((10 * column_tiles * splits < 6 * wave || chunks > 16 * token_blocks * kWarps * splits) &&
@@ -475,8 +486,8 @@ int decode_splits(const DeviceInfo& device, int M, int K, int N) {
 // (7B-qkv 12.0 -> 13.8 us, 7B-up 17.4 -> 21.5, 70B-qkv on 2 splits 19.4 -> 23.3); at a wave or more 1-8%
 // faster (7B-down 11.9 -> 11.3, 70B-down 39.5 -> 39.0, 70B-up 68.0 -> 67.4, 7B-qkv on 4 splits 13.2 -> 12.2;
 // benchmarks/results/2026-11-30-dependent-launch.md).
-bool decode_launch_dependent(const DeviceInfo& device, int M, int blocks) {
-  return device.dependent_launch && 10 * blocks >= 9 * blocks_per_sm(M) * device.sms;
+bool decode_launch_dependent(const DeviceInfo& device, int per_sm, int blocks) {
+  return device.dependent_launch && 10 * blocks >= 9 * per_sm * device.sms;
 }
 
 // Whether the k splits add up in a block cluster (sm_90 on) rather than through global memory and a lock: for
@@ -490,11 +501,12 @@ bool decode_clustered(const DeviceInfo& device, int splits) {
 }
 
 // How a layer runs on this GPU: its k splits, whether the grid is a programmatic dependent of the kernel ahead,
-// and whether the splits add up in a cluster.
+// whether the splits add up in a cluster, and (two token blocks) whether the warps stream through kShallowRing.
 struct DecodePlan {
   int splits;
   bool dependent, clustered;
   int warps;  // a block's: kWarps, or 8
+  bool shallow_ring;
 };
 
 // Wide blocks: with one token block on Hopper, a layer of 4 splits of 4-warp blocks that fit in one wave runs as
@@ -505,12 +517,20 @@ struct DecodePlan {
 // qkv (384 blocks, at most 12 warps an SM -> 192 blocks, 16) 6-13% more, 70B-qkv (640 blocks, 1.2 waves) 11-15%
 // more; 7B-down's 8 splits as 4 of 8 warps or 2 of 16 warps -6..+5%, so those keep 4-warp blocks.
 DecodePlan plan_decode(const DeviceInfo& device, int M, int K, int N) {
-  int splits = decode_splits(device, M, K, N), warps = kWarps;
+  int per_sm = blocks_per_sm(M), splits = decode_splits(device, M, K, N, per_sm), warps = kWarps;
+  bool shallow_ring = false;
+  if (M > 8 && M <= 16) {  // two token blocks: the shallow ring where its grid fills 90% of its wave
+    const int shallow_per_sm = blocks_per_sm(M, kShallowRing);
+    const int shallow_splits = decode_splits(device, M, K, N, shallow_per_sm);
+    if (10 * (N / 64) * shallow_splits >= 9 * shallow_per_sm * device.sms)
+      per_sm = shallow_per_sm, splits = shallow_splits, shallow_ring = true;
+  }
   const int blocks = N / 64 * splits, most_on_an_sm = (blocks + device.sms - 1) / device.sms;
-  if (device.major >= 9 && M <= 8 && splits == 4 && blocks <= blocks_per_sm(M) * device.sms &&
+  if (device.major >= 9 && M <= 8 && splits == 4 && blocks <= per_sm * device.sms &&
       2 * ((blocks / 2 + device.sms - 1) / device.sms) <= most_on_an_sm)
     splits = 2, warps = 8;  // (the same warps: `blocks` still counts them in blocks of kWarps)
-  return {splits, decode_launch_dependent(device, M, blocks), decode_clustered(device, splits), warps};
+  return {splits, decode_launch_dependent(device, per_sm, blocks), decode_clustered(device, splits), warps,
+          shallow_ring};
 }
 
 template <typename Multiplier, int kGroupTiles, int kBlockWarps>
@@ -533,9 +553,9 @@ const char* launch(const GemmArgs& args, const DecodePlan& plan, cudaStream_t st
   return launch_blocks<Multiplier, kGroupTiles, kWarps>(args, plan, stream);
 }
 
-template <typename T, int kTokenBlocks, bool kHasZeros>
+template <typename T, int kTokenBlocks, int kRing, bool kHasZeros>
 const char* dispatch_group(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
-  using Multiplier = TokensOnTensorCores<T, kHasZeros, kTokenBlocks>;
+  using Multiplier = TokensOnTensorCores<T, kHasZeros, kTokenBlocks, kRing>;
   switch (args.group_shift) {  // a group every 2, 4 or 8 tiles (one group over K: every chunk)
     case 5: return launch<Multiplier, 2>(args, plan, stream);
     case 6: return launch<Multiplier, 4>(args, plan, stream);
@@ -543,16 +563,19 @@ const char* dispatch_group(const GemmArgs& args, const DecodePlan& plan, cudaStr
   }
 }
 
-template <typename T, int kTokenBlocks>
+template <typename T, int kTokenBlocks, int kRing = kChunkTiles>
 const char* dispatch_zeros(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
-  return args.zeros ? dispatch_group<T, kTokenBlocks, true>(args, plan, stream)
-                    : dispatch_group<T, kTokenBlocks, false>(args, plan, stream);
+  return args.zeros ? dispatch_group<T, kTokenBlocks, kRing, true>(args, plan, stream)
+                    : dispatch_group<T, kTokenBlocks, kRing, false>(args, plan, stream);
 }
 
 template <typename T>
 const char* dispatch_rows(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
   if (args.M <= 8) return dispatch_zeros<T, 1>(args, plan, stream);
-  return args.M <= 16 ? dispatch_zeros<T, 2>(args, plan, stream) : dispatch_zeros<T, 4>(args, plan, stream);
+  if (args.M <= 16)
+    return plan.shallow_ring ? dispatch_zeros<T, 2, kShallowRing>(args, plan, stream)
+                             : dispatch_zeros<T, 2>(args, plan, stream);
+  return dispatch_zeros<T, 4>(args, plan, stream);
 }
 
 }  // namespace
