@@ -366,12 +366,15 @@ def test_gpu_llama_shapes(dtype, shape):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("group_size, sym", [(-1, True), (32, False), (64, True), (128, False)])
 def test_gpu_decode_shallow_ring_every_group(dtype, group_size, sym):
-    """At M = 9..16, 28672 x 8192 (70B-down: 4 splits, 512 blocks) fills 90% of a wave of 4 blocks an SM or more,
-    so decode.cu streams its weights through the shallow ring (kShallowRing tiles, each refilled part-way through a
-    chunk from the next one); 4096 x 12288 (7B-qkv: 384 blocks, under 90%) keeps the deep ring. Both at every
-    group size, with and without zero points."""
-    qw = random_quantized_weight(28672, 8192, group_size, sym=sym, act_order=group_size == 32, device="cuda")
-    check_rows(qw, dtype, (9, 12, 16))
+    """decode.cu streams the weights through the shallow ring (kShallowRing tiles, each refilled part-way through a
+    chunk from the next one) where the grid is large: at M = 9..16 28672 x 8192 (70B-down: 4 splits, 512 blocks,
+    90% of a wave of 4 blocks an SM or more) and at M = 9..32 4096 x 57344 (896 blocks, two waves of 3 blocks an SM
+    at four token blocks); 4096 x 12288 (7B-qkv: 384 blocks) keeps the deep ring. Every group size, with and
+    without zero points."""
+    down = random_quantized_weight(28672, 8192, group_size, sym=sym, act_order=group_size == 32, device="cuda")
+    check_rows(down, dtype, (9, 12, 16))
+    wide = random_quantized_weight(4096, 57344, group_size, sym=sym, act_order=group_size == 32, device="cuda")
+    check_rows(wide, dtype, (9, 16, 17, 24, 32))
     deep = random_quantized_weight(4096, 12288, group_size, sym=sym, act_order=False, device="cuda")
     check_rows(deep, dtype, (9, 16))
 

@@ -2,7 +2,7 @@
 // speculative drafts), on the same 4-bit marlin layout as marlin.cu. At these sizes a layer is a
 // stream of weight bytes: what counts is the bytes in flight and the instructions per weight, so the
 // weights go from global memory straight into registers (no shared-memory staging, no block barriers
-// in the loop), at 16 warps per SM (12 with two token blocks but where kShallowRing applies, 8 with four).
+// in the loop), at 16 warps per SM (12 with two token blocks, 8 with four, but where kShallowRing applies).
 //
 // The multiplication (TokensOnTensorCores) runs on mma.sync with the tokens as the B operand, 8 tokens an
 // instruction, one, two or four blocks of 8: the codes go into the mma unscaled (a lop3 a pair, most after a
@@ -10,9 +10,9 @@
 // Work split: a block of kWarps warps (8 where `plan_decode` widens it) takes one 64-column tile and one of
 //   `splits` k ranges; its warps take consecutive 128-row chunks of that range. A warp streams its chunks
 //   through a ring of 8 registers (uint4), each refilled with the next chunk's tile as soon as it is read:
-//   4 KB a warp in flight, 64 KB an SM at 4 blocks (at M = 9..16 on grids that fill a wave, a ring of 4: see
-//   kShallowRing; a deeper ring, 8-16 tiles in shared memory filled by
-//   cp.async, was slower on nearly every layer, by up to 22%: benchmarks/results/2026-12-01-decode-streaming.md).
+//   4 KB a warp in flight, 64 KB an SM at 4 blocks (at M = 9..32 on large grids a ring of 4: kShallowRing; a
+//   deeper ring, 8-16 tiles in shared memory filled by cp.async, was slower on nearly every layer, by up to 22%:
+//   benchmarks/results/2026-12-01-decode-streaming.md).
 //   Warps add up through shared memory; with several splits, each block writes fp32 partial sums and
 //   the last block of a column tile to finish (counted on its lock, which it then resets to zero) adds
 //   them up and writes the output; on Hopper, 2 splits are a cluster of 2 blocks that add up each other's
@@ -39,14 +39,18 @@ constexpr int kMaxRows = 32;    // four blocks of 8 tokens
 // token blocks spill up to 48 bytes, 3 of four up to 28, none at g128 without zero points), one block more was
 // again no better: M = 12/16 1-10% more time on five of the six layers, M = 24/32 up to 4% less on 7B-qkv and
 // 7B-up, 6-7% more on the down layers (2026-12-01-decode-centered-run3.log).
-// With two token blocks, a ring of 4 weight tiles a warp (kShallowRing) in place of 8 frees the registers for 4
-// blocks (120-128 a thread, no spills): 16 warps an SM with half the bytes in flight each. Where the grid fills 90%
-// of that wave or more, plan_decode takes it. Measured on an H200 (interleaved, g128;
-// benchmarks/results/2026-12-03-decode-two-blocks-ring4.md): 70B-up M = 16 bf16 96.2 -> 93.1 us, fp16 84.5 -> 79.2,
-// 70B-down and 7B-down 1-3% less; on grids under 3/4 of a wave 7B-qkv 3-8% more, 70B-qkv 0-3%.
+// A ring of 4 weight tiles a warp (kShallowRing) in place of 8 frees the registers for one block more, with no
+// spills: two token blocks 120-128 a thread, 4 blocks; four 157-168, 3 blocks. plan_decode takes it where the grid
+// fills 90% of that wave (two token blocks) or two waves (four). Measured on an H200 (interleaved, g128):
+// - two token blocks (2026-12-03-decode-two-blocks-ring4.md, -dispatch.md): 70B-up M = 16 bf16 3-4% less time,
+//   fp16 6-7%; 70B-down, 7B-down and the 70B attention output 0-4%; on grids under 3/4 of a wave 7B-qkv 3-8%
+//   more, 70B-qkv 0-3%, so those keep the deep ring;
+// - four (2026-12-03-decode-four-blocks-ring4.md): 70B-up (896 blocks, 2.3 waves) M = 24 / 32 bf16 4% / 3% less,
+//   fp16 7% / 5%; 28672 columns (448 blocks, 1.1 waves) bf16 3% more, fp16 level, so that one keeps the deep ring.
 constexpr int kShallowRing = 4;
 constexpr int blocks_per_sm(int rows, int ring_tiles = kChunkTiles) {
-  return rows <= 8 || ring_tiles < kChunkTiles ? 4 : rows <= 16 ? 3 : 2;
+  const bool shallow = ring_tiles < kChunkTiles;
+  return rows <= 8 ? 4 : rows <= 16 ? 3 + shallow : 2 + shallow;
 }
 
 // 16 bytes read once (not kept in L1), if `valid`; else nothing is read and the value is undefined.
@@ -501,7 +505,8 @@ bool decode_clustered(const DeviceInfo& device, int splits) {
 }
 
 // How a layer runs on this GPU: its k splits, whether the grid is a programmatic dependent of the kernel ahead,
-// whether the splits add up in a cluster, and (two token blocks) whether the warps stream through kShallowRing.
+// whether the splits add up in a cluster, and (two or four token blocks) whether the warps stream through
+// kShallowRing.
 struct DecodePlan {
   int splits;
   bool dependent, clustered;
@@ -519,10 +524,11 @@ struct DecodePlan {
 DecodePlan plan_decode(const DeviceInfo& device, int M, int K, int N) {
   int per_sm = blocks_per_sm(M), splits = decode_splits(device, M, K, N, per_sm), warps = kWarps;
   bool shallow_ring = false;
-  if (M > 8 && M <= 16) {  // two token blocks: the shallow ring where its grid fills 90% of its wave
+  if (M > 8) {  // two or four token blocks: the shallow ring where its grid fills 90% of a wave, or two waves
     const int shallow_per_sm = blocks_per_sm(M, kShallowRing);
     const int shallow_splits = decode_splits(device, M, K, N, shallow_per_sm);
-    if (10 * (N / 64) * shallow_splits >= 9 * shallow_per_sm * device.sms)
+    const int tenths_of_a_wave = M <= 16 ? 9 : 20;
+    if (10 * (N / 64) * shallow_splits >= tenths_of_a_wave * shallow_per_sm * device.sms)
       per_sm = shallow_per_sm, splits = shallow_splits, shallow_ring = true;
   }
   const int blocks = N / 64 * splits, most_on_an_sm = (blocks + device.sms - 1) / device.sms;
@@ -575,7 +581,8 @@ const char* dispatch_rows(const GemmArgs& args, const DecodePlan& plan, cudaStre
   if (args.M <= 16)
     return plan.shallow_ring ? dispatch_zeros<T, 2, kShallowRing>(args, plan, stream)
                              : dispatch_zeros<T, 2>(args, plan, stream);
-  return dispatch_zeros<T, 4>(args, plan, stream);
+  return plan.shallow_ring ? dispatch_zeros<T, 4, kShallowRing>(args, plan, stream)
+                           : dispatch_zeros<T, 4>(args, plan, stream);
 }
 
 }  // namespace
