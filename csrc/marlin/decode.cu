@@ -575,14 +575,16 @@ const char* dispatch_zeros(const GemmArgs& args, const DecodePlan& plan, cudaStr
                     : dispatch_group<T, kTokenBlocks, kRing, false>(args, plan, stream);
 }
 
+template <typename T, int kTokenBlocks>
+const char* dispatch_ring(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
+  return plan.shallow_ring ? dispatch_zeros<T, kTokenBlocks, kShallowRing>(args, plan, stream)
+                           : dispatch_zeros<T, kTokenBlocks>(args, plan, stream);
+}
+
 template <typename T>
 const char* dispatch_rows(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
   if (args.M <= 8) return dispatch_zeros<T, 1>(args, plan, stream);
-  if (args.M <= 16)
-    return plan.shallow_ring ? dispatch_zeros<T, 2, kShallowRing>(args, plan, stream)
-                             : dispatch_zeros<T, 2>(args, plan, stream);
-  return plan.shallow_ring ? dispatch_zeros<T, 4, kShallowRing>(args, plan, stream)
-                           : dispatch_zeros<T, 4>(args, plan, stream);
+  return args.M <= 16 ? dispatch_ring<T, 2>(args, plan, stream) : dispatch_ring<T, 4>(args, plan, stream);
 }
 
 }  // namespace
