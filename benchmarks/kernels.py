@@ -62,6 +62,15 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 PEERS = ("cublas", "tinygemm", "bnb-nf4")
 L2_MULTIPLE = 4  # one pass over the weight copies reads at least this many times the L2 size
 MIN_REPLAY_S = 2e-3  # make each graph replay at least this long
+# Spin cycles (~100 us) that keep the GPU busy while the CPU launches the graphs timed after them: from an idle GPU,
+# the start event completes at once and the time until the graph's first kernel arrives counts as the graph's.
+# Without it, in `alternate` the variant timed first in each turn came out 1-4% slower than an identical one timed
+# later (benchmarks/results/2026-12-03-harness-launch-gap.md).
+BUSY_CYCLES = 200_000
+
+
+def keep_gpu_busy() -> None:
+    torch.cuda._sleep(BUSY_CYCLES)
 
 
 def log(message: str) -> None:
@@ -204,6 +213,7 @@ def time_calls(fns: List[Callable[[torch.Tensor], torch.Tensor]], x: torch.Tenso
         torch.cuda.synchronize()
     times = []
     for _ in range(replays):
+        keep_gpu_busy()
         start.record()
         replay()
         end.record()
@@ -232,12 +242,15 @@ def alternate(variants: Dict[str, List[Callable[[torch.Tensor], torch.Tensor]]],
             graph.replay()
         torch.cuda.synchronize()
     times = {name: [] for name in graphs}
-    for _ in range(turns):
+    names = list(graphs)
+    for turn in range(turns):
         events = {}
-        for name, graph in graphs.items():
+        keep_gpu_busy()
+        # Each turn starts with the next variant, so that no variant is always the one timed first.
+        for name in names[turn % len(names):] + names[:turn % len(names)]:
             events[name] = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             events[name][0].record()
-            graph.replay()
+            graphs[name].replay()
             events[name][1].record()
         torch.cuda.synchronize()
         for name, (start, end) in events.items():
