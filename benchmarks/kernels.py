@@ -64,8 +64,9 @@ L2_MULTIPLE = 4  # one pass over the weight copies reads at least this many time
 MIN_REPLAY_S = 2e-3  # make each graph replay at least this long
 # Spin cycles (~100 us) that keep the GPU busy while the CPU launches the graphs timed after them: from an idle GPU,
 # the start event completes at once and the time until the graph's first kernel arrives counts as the graph's.
-# Without it, in `alternate` the variant timed first in each turn came out 1-4% slower than an identical one timed
-# later (benchmarks/results/2026-12-03-harness-launch-gap.md).
+# In `alternate`, the variant timed first in a turn came out 1.1-4.5% slower than identical ones timed after it,
+# 0.5-1.7% behind the spin kernel, and within 0.6% once each turn also starts with the next variant
+# (benchmarks/results/2026-12-03-harness-launch-gap.md).
 BUSY_CYCLES = 200_000
 
 
