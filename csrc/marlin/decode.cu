@@ -2,7 +2,7 @@
 // speculative drafts), on the same 4-bit marlin layout as marlin.cu. At these sizes a layer is a
 // stream of weight bytes: what counts is the bytes in flight and the instructions per weight, so the
 // weights go from global memory straight into registers (no shared-memory staging, no block barriers
-// in the loop), at 16 warps per SM (12 with two token blocks, 8 with four, but where kShallowRing applies).
+// in the loop), at 16 warps per SM (two token blocks: 12, or 16 with kShallowRing; four: 8, or 12 with it).
 //
 // The multiplication (TokensOnTensorCores) runs on mma.sync with the tokens as the B operand, 8 tokens an
 // instruction, one, two or four blocks of 8: the codes go into the mma unscaled (a lop3 a pair, most after a
