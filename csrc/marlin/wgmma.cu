@@ -42,11 +42,13 @@
 //   the k16 steps inside the half are the descriptor's start address moved by 32 bytes.
 // Pipeline: a ring of stages filled by the copy engine (TMA), five tensor-map copies a stage (the two halves
 //   of activations, with the swizzle and zeros past M; the weight words of the eight k16 steps; the scale
-//   rows; the zero-point rows), all counted on the stage's "full" mbarrier. Each half dequantizes its
-//   weights into one of two register sets while the previous half's wgmmas still run, issues its own (4 per
-//   warpgroup) and waits for the previous ones; a stage is released on its "empty" mbarrier once the next
-//   stage's first half is issued. On Hopper the kernel is launched as a dependent of the kernel ahead (common.cuh):
-//   thread 0 fetches the weight words of the block's first stages before it waits for that kernel.
+//   rows; the zero-point rows), all counted on the stage's "full" mbarrier. Up to 64 rows a producer warpgroup
+//   issues them (one thread; the group gives its registers to the others), above that the consumer warps in turn.
+//   Each half dequantizes its weights into one of two register sets while the previous half's wgmmas still run,
+//   issues its own (4 per warpgroup) and waits for the previous ones; a stage is released on its "empty" mbarrier
+//   once the next stage's first half is issued. On Hopper the kernel is launched as a dependent of the kernel ahead
+//   (common.cuh): the copying thread fetches the weight words of the block's first stages before it waits for that
+//   kernel.
 //   A first version filled the ring with cp.async from every thread; the copies'
 //   address arithmetic, the proxy fence that cp.async data needs before wgmma reads it, and the block
 //   barrier of every step cost 20-25% at large M (ncu: a third of the warps' time at the barrier).
@@ -86,7 +88,14 @@ constexpr int kGroupM = 8;       // row tiles that sweep the column tiles togeth
 // rows x 128 columns on two; each warpgroup one 64-column tile, one instruction a k16 step.
 template <int BM>
 struct WgTile {
-  static constexpr int kThreads = BM <= 128 ? 512 : 256;
+  static constexpr int kThreads = BM <= 128 ? 512 : 256;  // the consumers: the warpgroups that dequantize and multiply
+  // Up to 64 rows, a fifth warpgroup (the producer) issues every copy, and the consumers only dequantize and
+  // multiply (see accumulate). The registers follow the work (setmaxnreg): launched at 96 a thread, the producer
+  // gives back all but 24 and the consumers take 112 (the 64-row kernels used 90-105 before, none spill).
+  // (128 rows would need all 128 a consumer thread, which leaves none for a producer.)
+  static constexpr bool kProducer = BM <= 64;
+  static constexpr int kBlockThreads = kThreads + (kProducer ? 128 : 0);
+  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 112;
   static constexpr int kWarpgroups = kThreads / 128;
   static constexpr int kTiles = kWarpgroups;  // 64-column tiles per block
   static constexpr int kWgN = 64 * kTiles;    // output features per block
@@ -100,16 +109,18 @@ struct WgTile {
   static constexpr int kStage = (kX + kW + kScales + kZeros + 1023) / 1024 * 1024;  // swizzle atoms: 1024-aligned
   // As many stages as fit the 227 KB a block may take (3 at BM = 256, 4 at 128 and 160, 6 at 64, 8 at 32).
   static constexpr int kStages = (227 * 1024 - 1024) / kStage;
-  // Stage s refills the slot of stage s - kLag (see accumulate), kStages - kLag stages ahead: with 3 stages the one
-  // just released, which the block's warpgroups must all have left; with more, half the ring back, so that they need
-  // not keep step. (At 6 and 8 stages, BM = 64 and 32, half the ring ahead rather than all but two took 0-2% less
-  // time at M = 48 and 64 and 4% on 70B-qkv at M = 24 and 32 on an H200, never more; two ahead at BM = 64 was 2-6%
-  // slower, three at BM = 32 1% slower, and three at 4 stages, the slot just released, 4-8% slower on 70B-up and
-  // 7B-up at M = 96..160: benchmarks/results/2026-12-02-wgmma-producer-warp.md.)
+  // Without a producer, stage s refills the slot of stage s - kLag (see accumulate), kStages - kLag stages ahead: with
+  // 3 stages the one just released, which the block's warpgroups must all have left; with more, half the ring back,
+  // so that they need not keep step. (Three ahead at 4 stages, the slot just released, was 4-8% slower on 70B-up and
+  // 7B-up at M = 96..160 on an H200: benchmarks/results/2026-12-02-wgmma-producer-warp.md.) With a producer, the
+  // block's first kStages - kLag stages fetch their weights before the prior kernel ends (see the producer).
   static constexpr int kLag = kStages >= 4 ? kStages / 2 : 1;
   static constexpr int kOutRow = kWgN + 8;  // staged output row, padded so the fragment scatter hits all banks
   static constexpr int kPipeBytes = kStages * kStage;
   static constexpr int kOutBytes = BM * kOutRow * 2;
+  // With a producer the output tile is staged in the slot of the run's last stage, which the consumers release only
+  // once it is written out: the producer fills the other slots meanwhile.
+  static_assert(!kProducer || kOutBytes <= kStage, "the staged output must fit in one stage");
   static constexpr int kSmemBytes = (kPipeBytes > kOutBytes ? kPipeBytes : kOutBytes) + 1024;  // + alignment
   static constexpr int kAcc = BM / 2;  // fp32 accumulators per thread
 };
@@ -197,7 +208,7 @@ struct WgWork {
 // stage at g128 has 324 instructions (bf16, 64 rows, zero points), where the code for any group size had 465 (not
 // all of them run at g128).
 template <typename T, int BM, int kGroupRows, bool kHasZeros, bool kSplits>
-__global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
+__global__ void __launch_bounds__(WgTile<BM>::kBlockThreads, 1)
     marlin_wgmma_kernel(const GemmArgs args, const __grid_constant__ WgMaps maps, const WgWork work) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using C = WgTile<BM>;
@@ -286,13 +297,65 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
     wgmma_commit();
   };
 
+  // The block's runs of k stages, in order, each as (tile, first stage, stages): with k splits its one split of one
+  // tile; otherwise its whole tiles, then its share of the other tiles' stages, cut at tile ends. The producer and
+  // the consumers walk them alike.
+  const int first_shared = work.whole_rounds * gridDim.x;
+  auto for_each_run = [&](auto&& run) {
+    if constexpr (kSplits) {
+      const int tiles = m_tiles * n_tiles, k_first = blockIdx.x / tiles * work.units_per_block;
+      run(blockIdx.x % tiles, k_first, min(work.k_stages - k_first, work.units_per_block));
+    } else {
+      for (int round = 0; round < work.whole_rounds; ++round) {
+        const int tile = blockIdx.x + round * gridDim.x;
+        if (tile >= m_tiles * n_tiles) return;  // (whole tiles only: the last round may be partial)
+        run(tile, 0, work.k_stages);
+      }
+      const int share_end = min(work.shared_units, (blockIdx.x + 1) * work.units_per_block);
+      for (int unit = blockIdx.x * work.units_per_block; unit < share_end;) {
+        const int tile = first_shared + unit / work.k_stages, k_first = unit % work.k_stages;
+        const int stages = min(work.k_stages - k_first, share_end - unit);
+        run(tile, k_first, stages);
+        unit += stages;
+      }
+    }
+  };
+
+  constexpr int kAhead = C::kStages - C::kLag;
   allow_dependent_launch();
   if (tid == 0) {
     for (int i = 0; i < C::kStages; ++i) init_barrier(&full[i], 1), init_barrier(&empty[i], C::kThreads);
     fence_barrier_init();
   }
   __syncthreads();
-  if (tid != 0) wait_for_prior_kernel();  // thread 0 waits in its first accumulate
+  if constexpr (C::kProducer) {
+    if (wg == C::kWarpgroups) {  // the producer: one thread issues every copy, as soon as its slot is free
+      release_registers<C::kProducerRegisters>();
+      if (tid == C::kThreads) {
+        uint32_t g = 0;  // stages put through the ring
+        for_each_run([&](int tile, int k_first, int stages) {
+          int m0, t0;
+          tile_origin(tile, m0, t0);
+          // The block's first kAhead stages fetch their weights while the prior kernel ends; then the rest of the
+          // ring follows. (Fetching the weights of the whole ring first, 6 stages at 64 rows, was 4-8% slower on the
+          // layers whose blocks take 11-22 stages: their first stage arrived later.)
+          const int early = g == 0 ? min(stages, kAhead) : 0;
+          for (int s = 0; s < early; ++s) fetch_weights(g + s, t0, k_first + s);
+          if (g == 0) wait_for_prior_kernel();
+          for (int s = 0; s < stages; ++s) {
+            if (s >= early) fetch_weights(g + s, t0, k_first + s);
+            fetch_rest(g + s, m0, t0, k_first + s);
+          }
+          g += stages;
+        });
+      }
+      return;
+    }
+    claim_registers<C::kConsumerRegisters>();
+    wait_for_prior_kernel();
+  } else if (tid != 0) {
+    wait_for_prior_kernel();  // thread 0 waits in its first accumulate
+  }
 
   // acc = the products of stages [k_first, k_first + stages) of a tile. A stage runs in two halves of 64 k, one
   // wgmma group each: a half's weights are dequantized into one register set while the other half's wgmmas run.
@@ -302,18 +365,21 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
   // kernel's time on an H200 by up to 17% at M = 64..1024, 6-10% at M = 1024 (both builds timed in turn,
   // benchmarks/results/2026-12-02-marlin-stage128.md). Issuing each k16 step's wgmma as soon as its fragment is
   // dequantized (a group a step, as triton's kernel does) was 0-8% slower than a group a half.
-  // Stage s releases stage s - 1 once the first half's wgmmas are issued and the previous ones done, and refills
-  // the slot of stage s - kLag with stage s + kAhead. The refill is issued by lane 0 of warp s % (the block's
-  // warps), after the second half's wgmmas, while they run: a warpgroup's wgmma starts only when all four of its
-  // warps have issued it, so the refill delays its warpgroup's next step; taking turns spreads that delay over all
-  // warps (70B-up M = 64: 153 us against 169 when thread 0 issued every refill; the same at M >= 256). A producer
-  // warp issuing every copy instead (so that no warpgroup waits for a refilling warp) was 0-4% faster where the
-  // blocks take stream-K runs, though its 17th warp cut the registers to 96 and spilled, and 4-15% slower where K
-  // is split, at M = 32..64 on an H200 (benchmarks/results/2026-12-02-wgmma-producer-warp.md).
-  constexpr int kAhead = C::kStages - C::kLag;
+  // Stage s releases stage s - 1 once the first half's wgmmas are issued and the previous ones done; the run's last
+  // stage is left to the caller (`release`), who may stage the output in its slot.
+  // Without a producer (128 rows and more), stage s refills the slot of stage s - kLag with stage s + kAhead. The
+  // refill is issued by lane 0 of warp s % (the block's warps), after the second half's wgmmas, while they run: a
+  // warpgroup's wgmma starts only when all four of its warps have issued it, so the refill delays its warpgroup's
+  // next step; taking turns spreads that delay over all warps (70B-up M = 64: 153 us against 169 when thread 0
+  // issued every refill; the same at M >= 256). Up to 64 rows the producer warpgroup takes that work off them:
+  // on an H200 (interleaved A/B, bf16 and fp16, benchmarks/results/2026-12-03-wgmma-producer-warpgroup.md) M = 48
+  // and 64 took 15-18% less time on 70B-up and 7B-up (stream-K), 4-7% on 70B-qkv (also at M = 32) and 70B-down, 3-5%
+  // on 7B-qkv (k splits); 7B-down, whose splits run 11 stages, 2% less at M = 64 and 3% more at 48. A producer warp
+  // (a 17th warp, without setmaxnreg: 96 registers, spills) had gained 0-4% on stream-K and lost 4-15% on the k
+  // splits (2026-12-02-wgmma-producer-warp.md).
   uint32_t ring = 0;  // stages this block has put through the ring
   auto accumulate = [&](int m0, int t0, int k_first, int stages) {
-    if (tid == 0) {  // the first stages; in the block's first run, their weights while the prior kernel ends
+    if (!C::kProducer && tid == 0) {  // the first stages; in the block's first run, their weights while the prior kernel ends
       for (int s = 0; s < kAhead && s < stages; ++s) fetch_weights(ring + s, t0, k_first + s);
       if (ring == 0) wait_for_prior_kernel();
       for (int s = 0; s < kAhead && s < stages; ++s) fetch_rest(ring + s, m0, t0, k_first + s);
@@ -338,7 +404,7 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
       }
       dequantize(st, 1, a_high, consts);
       issue(descriptor_low + (C::kXHalf >> 4), a_high, false);
-      if (tid == s % (C::kThreads / 32) * 32 && s + kAhead < stages) {
+      if (!C::kProducer && tid == s % (C::kThreads / 32) * 32 && s + kAhead < stages) {
         fetch_weights(ring + s + kAhead, t0, k_first + s + kAhead);
         fetch_rest(ring + s + kAhead, m0, t0, k_first + s + kAhead);
       }
@@ -346,21 +412,25 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
       if (++slot == C::kStages) slot = 0, phase ^= 1;
     }
     wgmma_wait<0>();
-    fence_proxy_async();
-    arrive_barrier(&empty[slot == 0 ? C::kStages - 1 : slot - 1]);
     ring += stages;
 #pragma unroll
     for (int j = 0; j < C::kAcc; ++j) fence_register(acc[j]);
+    return slot == 0 ? C::kStages - 1 : slot - 1;  // the slot of the run's last stage
   };
+  auto release = [&](int slot) {
+    fence_proxy_async();
+    arrive_barrier(&empty[slot]);
+  };
+  auto sync_consumers = [] { sync_threads(1, C::kThreads); };
 
   // Accumulator j: output feature 64 wg + 16 w + lane / 4 (+ 8 for j % 4 >= 2) of the block's columns,
   // row 8 (j / 4) + 2 (lane % 4) (+ 1 for odd j).
   const int row_in_8 = 2 * (lane % 4), feature = 64 * wg + 16 * w + lane / 4;
-  // The output tile goes through shared memory (the ring's, free between tiles), to be written in full
-  // 16-byte rows.
-  auto store_output = [&](int m0, int t0) {
-    __syncthreads();  // every thread is done with the ring's last stage
-    T* staged = reinterpret_cast<T*>(smem);
+  // The output tile goes through shared memory, to be written in full 16-byte rows: through the slot of the run's
+  // last stage with a producer (the slot is then released), else through the ring's start, free between tiles.
+  auto store_output = [&](int m0, int t0, int last_slot) {
+    sync_consumers();  // every thread is done with the ring's last stage
+    T* staged = reinterpret_cast<T*>(smem + (C::kProducer ? last_slot * C::kStage : 0));
     const T* bias = static_cast<const T*>(args.bias);
     const bool has_bias = bias != nullptr && t0 + wg < tiles64;
     const float b_low = has_bias ? to_float(bias[t0 * 64 + feature]) : 0.f;
@@ -371,7 +441,7 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
       staged[(8 * (j / 4) + row_in_8 + j % 2) * C::kOutRow + feature + 8 * high] =
           from_float<T>(acc[j] + (high ? b_high : b_low));
     }
-    __syncthreads();
+    sync_consumers();
     T* out = static_cast<T*>(args.out);
     constexpr int kPieces = kWgN / 8;  // pieces of 16 bytes per row
     for (int idx = tid; idx < BM * kPieces; idx += C::kThreads) {
@@ -380,46 +450,30 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
         *reinterpret_cast<uint4*>(out + (size_t)(m0 + r) * N + t0 * 64 + c * 8) =
             *reinterpret_cast<const uint4*>(staged + r * C::kOutRow + c * 8);
     }
-    __syncthreads();  // the next tile's copies overwrite the staged output
+    release(last_slot);
+    if (!C::kProducer) sync_consumers();  // the next tile's copies overwrite the staged output
   };
 
-  if constexpr (kSplits) {  // one k split of one tile: partial sums [split][M][N] for the second kernel
-    const int tiles = m_tiles * n_tiles, split = blockIdx.x / tiles, k_first = split * work.units_per_block;
-    int m0, t0;
-    tile_origin(blockIdx.x % tiles, m0, t0);
-    accumulate(m0, t0, k_first, min(work.k_stages - k_first, work.units_per_block));
-    float* partial = reinterpret_cast<float*>(args.partial) + (size_t)split * M * N;
-    if (t0 + wg >= tiles64) return;
-#pragma unroll
-    for (int j = 0; j < C::kAcc; ++j) {
-      const int m = m0 + 8 * (j / 4) + row_in_8 + j % 2;
-      if (m < M) partial[(size_t)m * N + t0 * 64 + feature + 8 * (j % 4 / 2)] = acc[j];
-    }
-    return;
-  }
-
-  // Stream-K: the block's whole tiles, then its share of the others.
-  const int first_shared = work.whole_rounds * gridDim.x;
-  const int share_end = min(work.shared_units, (blockIdx.x + 1) * work.units_per_block);
-  int unit = blockIdx.x * work.units_per_block;  // the next stage of the block's share
-  for (int round = 0;; ++round) {
-    int tile, k_first, stages;
-    if (round < work.whole_rounds) {
-      tile = blockIdx.x + round * gridDim.x, k_first = 0, stages = work.k_stages;
-      if (tile >= m_tiles * n_tiles) break;  // (whole tiles only: the last round may be partial)
-    } else {
-      if (unit >= share_end) break;
-      tile = first_shared + unit / work.k_stages, k_first = unit % work.k_stages;
-      stages = min(work.k_stages - k_first, share_end - unit);
-      unit += stages;
-    }
+  for_each_run([&](int tile, int k_first, int stages) {
     int m0, t0;
     tile_origin(tile, m0, t0);
-    accumulate(m0, t0, k_first, stages);
+    const int last_slot = accumulate(m0, t0, k_first, stages);
+    if (kSplits || k_first > 0) release(last_slot);  // (the others stage their output in it)
 
-    // A shared tile's sums go through per-block slots of `partial`: each thread's accumulators as float4s at
-    // a stride of the block, read back by the finishing block's thread of the same index (coalesced both
-    // ways, no layout to undo).
+    if constexpr (kSplits) {  // one k split of one tile: partial sums [split][M][N] for the second kernel
+      float* partial = reinterpret_cast<float*>(args.partial) + (size_t)(k_first / work.units_per_block) * M * N;
+      if (t0 + wg >= tiles64) return;
+#pragma unroll
+      for (int j = 0; j < C::kAcc; ++j) {
+        const int m = m0 + 8 * (j / 4) + row_in_8 + j % 2;
+        if (m < M) partial[(size_t)m * N + t0 * 64 + feature + 8 * (j % 4 / 2)] = acc[j];
+      }
+      return;
+    }
+
+    // Stream-K. A shared tile's sums go through per-block slots of `partial`: each thread's accumulators as float4s
+    // at a stride of the block, read back by the finishing block's thread of the same index (coalesced both ways, no
+    // layout to undo).
     int32_t* lock = args.locks + (tile - first_shared);
     if (k_first > 0) {  // the tile's first stages are another block's: hand the sums over to it
       float4* slot = args.partial + (size_t)blockIdx.x * (C::kAcc / 4) * C::kThreads;
@@ -427,9 +481,9 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
       for (int j = 0; j < C::kAcc; j += 4)
         __stcg(slot + j / 4 * C::kThreads + tid, make_float4(acc[j], acc[j + 1], acc[j + 2], acc[j + 3]));
       __threadfence();
-      __syncthreads();
+      sync_consumers();
       if (tid == 0) atomicAdd(lock, 1);
-      continue;
+      return;
     }
     if (stages < work.k_stages) {  // blocks blockIdx.x + 1 .. last hold the tile's other stages
       const int last = ((tile - first_shared + 1) * work.k_stages - 1) / work.units_per_block;
@@ -437,7 +491,7 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
         while (load_acquire(lock) < last - (int)blockIdx.x) __nanosleep(64);
         *lock = 0;  // every part has arrived: ready for the next call
       }
-      __syncthreads();
+      sync_consumers();
       for (int b = blockIdx.x + 1; b <= last; ++b) {
         const float4* slot = args.partial + (size_t)b * (C::kAcc / 4) * C::kThreads;
 #pragma unroll
@@ -447,8 +501,8 @@ __global__ void __launch_bounds__(WgTile<BM>::kThreads, 1)
         }
       }
     }
-    store_output(m0, t0);
-  }
+    store_output(m0, t0, last_slot);
+  });
 #else
   __trap();  // built without sm_90a: the host never launches it (wgmma_serves)
 #endif
@@ -624,7 +678,7 @@ const char* launch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, const Devi
   if (const char* bad = encode_maps<T>(&maps, args, BM)) return bad;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (err != cudaSuccess) return cudaGetErrorString(err);
-  err = launch_dependent(kernel, dim3(plan.grid), dim3(WgTile<BM>::kThreads), kSmem, stream,
+  err = launch_dependent(kernel, dim3(plan.grid), dim3(WgTile<BM>::kBlockThreads), kSmem, stream,
                          device.dependent_launch, 1, args, maps, plan.work);
   if (err == cudaSuccess && splits) {
     const int64_t quads = (int64_t)args.M * args.N / 4;

@@ -30,6 +30,20 @@ template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
+// The registers of this warpgroup's threads set to kRegisters (a multiple of 8 in 24..256): the producer warpgroup
+// of a warp-specialized block gives registers back to a pool, which its consumers then take from.
+template <int kRegisters>
+__device__ __forceinline__ void release_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void claim_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+// A block barrier among `threads` threads (whole warps) only, by id (0 is __syncthreads').
+__device__ __forceinline__ void sync_threads(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // Orders this thread's generic-proxy accesses of shared memory (ld.shared, st.shared) before later async-proxy
 // ones (bulk copies, wgmma operand reads).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
