@@ -1,5 +1,6 @@
 """`litquant generate` and `litquant chat`: litgpt's generation and chat loop over any checkpoint
 `litquant.load.load_model` can load, quantized checkpoints included."""
+import os
 import sys
 import time
 from pathlib import Path
@@ -11,7 +12,6 @@ from litgpt.prompts import PromptStyle, has_prompt_style, load_prompt_style
 
 from litquant.load import load_model
 
-COMPILE_MODE = "reduce-overhead"
 # `decode` reads the new tokens back to the host this many at a time, so the host queues that many decode steps
 # ahead of the GPU. litgpt's loop reads every token back (`.item()`), and the GPU idles while Python prepares the
 # next step: on an H200, compiled, a Llama-2-7B-shaped marlin model decoded 348-390 tokens/s that way against
@@ -23,6 +23,19 @@ def _prompt_style(checkpoint_dir: Path, config) -> PromptStyle:
     return load_prompt_style(checkpoint_dir) if has_prompt_style(checkpoint_dir) else PromptStyle.from_config(config)
 
 
+def compile_options() -> dict:
+    """torch.compile's options for decoding: those of mode "reduce-overhead" (Inductor, CUDA graphs) and, where this
+    torch has it, Inductor's kernels launched as programmatic dependents of the kernel ahead (sm_90 on; each may
+    start while the one before it ends, and waits in the kernel for that one's outputs), as marlin's and triton's
+    kernels already are. `LITQUANT_PDL=0` leaves it out. On an H200 (Llama-2-7B-shaped model, batch 1, litquant's
+    decode loop; benchmarks/results/2026-12-03-inductor-pdl.md): marlin 460 -> 488 tok/s, as the Inductor kernel
+    after each quantized matmul no longer waits for its launch; bf16 217 -> 219."""
+    options = dict(torch._inductor.list_mode_options("reduce-overhead"))
+    if hasattr(torch._inductor.config.triton, "enable_pdl") and os.environ.get("LITQUANT_PDL") != "0":
+        options["triton.enable_pdl"] = True
+    return options
+
+
 def compile_next_token(kernel_compiles: bool):
     """litgpt's `next_token` under torch.compile, or eager with a warning when the kernel cannot compile."""
     import litgpt.generate.base as gen
@@ -32,7 +45,7 @@ def compile_next_token(kernel_compiles: bool):
               file=sys.stderr)
         return
     torch._dynamo.config.automatic_dynamic_shapes = True
-    compiled = torch.compile(gen.next_token, mode=COMPILE_MODE)
+    compiled = torch.compile(gen.next_token, options=compile_options())
 
     def step(*args, input_pos_maxp1=None, **kwargs):
         # litgpt passes input_pos_maxp1, the filled length of the KV cache, so that attention reads only that

@@ -2,8 +2,8 @@
 
 On the CPU the compile tests use backend="aot_eager" (Dynamo + AOTAutograd with the fake implementations, without
 Inductor's slow C++ build), with the triton kernel in Triton's interpreter (TRITON_INTERPRET=1, set by
-tests/conftest.py before triton is imported). The GPU test compiles with mode="reduce-overhead" (Inductor + CUDA
-graphs).
+tests/conftest.py before triton is imported). The GPU test compiles as `litquant generate --compile` does
+(`compile_options`: Inductor, CUDA graphs and, on Hopper, Inductor's kernels as programmatic dependents).
 """
 import pytest
 import torch
@@ -11,6 +11,7 @@ from torch import nn
 
 pytest.importorskip("triton")
 
+from litquant.generate import compile_options  # noqa: E402
 from litquant.kernels import kernel_class  # noqa: E402
 from litquant.kernels.base import LayerSpec  # noqa: E402
 from litquant.kernels.ops import quant_linear_op  # noqa: E402
@@ -71,12 +72,14 @@ def test_compiled_matches_eager(kernel):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["torch", "triton"])
+@pytest.mark.parametrize("kernel", ["torch", "triton", "marlin"])
 def test_reduce_overhead_compile_gpu(kernel):
-    """Inductor + CUDA graphs: decode-shaped calls replay a captured graph and match eager."""
+    """Inductor + CUDA graphs: decode-shaped calls replay a captured graph and match eager. Each call has new
+    inputs, so a kernel launched early (a programmatic dependent) that read its input before the kernel ahead had
+    written it would miss by far more than the bound."""
     model = TwoLayerMLP(kernel, torch.bfloat16, k=4096, hidden=11008, group_size=128)
-    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
-    for _ in range(4):  # warm-up, record, then replays
+    compiled = torch.compile(model, options=compile_options(), fullgraph=True)
+    for _ in range(8):  # warm-up, record, then replays
         x = torch.randn(1, 1, 4096, device="cuda", dtype=torch.bfloat16)
         out = compiled(x).float()
         ref = model(x).float()  # Inductor fuses the torch kernel's dequantization: bf16 rounding differs

@@ -5,7 +5,7 @@ from litgpt.generate.base import generate as litgpt_generate
 from litgpt.model import GPT
 
 from conftest import tiny_config
-from litquant.generate import decode
+from litquant.generate import compile_options, decode
 
 
 @pytest.fixture
@@ -54,3 +54,13 @@ def test_decode_refuses_a_short_cache_and_no_tokens(model):
         next(decode(model, torch.zeros(30, dtype=torch.long), 40))
     with pytest.raises(ValueError, match="at least 1"):
         next(decode(model, torch.zeros(3, dtype=torch.long), 0))
+
+
+def test_compile_options_are_reduce_overhead_with_inductors_dependent_launches(monkeypatch):
+    monkeypatch.delenv("LITQUANT_PDL", raising=False)
+    options = compile_options()
+    assert options["triton.cudagraphs"] is True
+    assert options.get("triton.enable_pdl", False) is hasattr(torch._inductor.config.triton, "enable_pdl")
+    torch.compile(lambda x: x, options=options)  # torch.compile checks the option names here
+    monkeypatch.setenv("LITQUANT_PDL", "0")
+    assert compile_options() == torch._inductor.list_mode_options("reduce-overhead")
