@@ -28,8 +28,8 @@ def compile_options() -> dict:
     torch has it, Inductor's kernels launched as programmatic dependents of the kernel ahead (sm_90 on; each may
     start while the one before it ends, and waits in the kernel for that one's outputs), as marlin's and triton's
     kernels already are. `LITQUANT_PDL=0` leaves it out. On an H200 (Llama-2-7B-shaped model, batch 1, litquant's
-    decode loop; benchmarks/results/2026-12-03-inductor-pdl.md): marlin 460 -> 488 tok/s, as the Inductor kernel
-    after each quantized matmul no longer waits for its launch; bf16 217 -> 219."""
+    decode loop; benchmarks/results/2026-12-03-inductor-pdl.md): marlin 2-6% more tokens/s (460 -> 488, and 456-467
+    -> 476), as the Inductor kernel after each quantized matmul no longer waits for its launch; bf16 1%."""
     options = dict(torch._inductor.list_mode_options("reduce-overhead"))
     if hasattr(torch._inductor.config.triton, "enable_pdl") and os.environ.get("LITQUANT_PDL") != "0":
         options["triton.enable_pdl"] = True
