@@ -1,6 +1,5 @@
 """`litquant generate` and `litquant chat`: litgpt's generation and chat loop over any checkpoint
 `litquant.load.load_model` can load, quantized checkpoints included."""
-import os
 import sys
 import time
 from pathlib import Path
@@ -10,6 +9,7 @@ import lightning as L
 import torch
 from litgpt.prompts import PromptStyle, has_prompt_style, load_prompt_style
 
+from litquant.kernels.base import dependent_launches_allowed
 from litquant.load import load_model
 
 # `decode` reads the new tokens back to the host this many at a time, so the host queues that many decode steps
@@ -31,7 +31,7 @@ def compile_options() -> dict:
     decode loop; benchmarks/results/2026-12-03-inductor-pdl.md): marlin 2-6% more tokens/s (460 -> 488, and 456-467
     -> 476), as the Inductor kernel after each quantized matmul no longer waits for its launch; bf16 1%."""
     options = dict(torch._inductor.list_mode_options("reduce-overhead"))
-    if hasattr(torch._inductor.config.triton, "enable_pdl") and os.environ.get("LITQUANT_PDL") != "0":
+    if hasattr(torch._inductor.config.triton, "enable_pdl") and dependent_launches_allowed():
         options["triton.enable_pdl"] = True
     return options
 

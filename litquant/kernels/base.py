@@ -5,6 +5,7 @@ A kernel is one subclass of `QuantLinear` in its own module, plus one line in th
 against each layer before any weight is loaded, so an unsupported choice fails early, with a reason.
 """
 import copy
+import os
 from dataclasses import dataclass, replace
 from typing import ClassVar, Dict, Optional, Tuple
 
@@ -12,6 +13,13 @@ import torch
 from torch import nn
 
 from litquant.formats import QuantizedWeight
+
+
+def dependent_launches_allowed() -> bool:
+    """Whether kernels may be launched as programmatic dependents of the kernel ahead (sm_90 on): unless
+    LITQUANT_PDL=0. marlin's launches read the same variable (csrc/marlin/marlin.cu), and so do Inductor's kernels in
+    the compiled decode (`litquant.generate.compile_options`)."""
+    return os.environ.get("LITQUANT_PDL") != "0"
 
 
 @dataclass(frozen=True)

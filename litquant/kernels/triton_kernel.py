@@ -70,7 +70,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from litquant.formats import QuantizedWeight
 from litquant.formats.common import default_g_idx
-from litquant.kernels.base import QuantLinear
+from litquant.kernels.base import QuantLinear, dependent_launches_allowed
 from litquant.kernels.ops import quant_linear_op
 
 # Triton decides at import (when `triton.jit` runs) whether kernels are compiled or interpreted on the CPU.
@@ -695,8 +695,8 @@ def candidate_configs(m: int, n: int, k: int, bits: int, device: torch.device) -
         # thread) with a 3-stage cp.async pipeline wins on every Llama-2 layer; the others serve small N. Above one
         # row, a program takes all rows (one read of each weight) or one (fewer registers).
         # From sm_90 the 3-stage ones also run as programmatic dependents (`_gemv_kernel`'s DEPENDENT), unless
-        # LITQUANT_PDL=0 (as for marlin's kernels).
-        pdl = device.type == "cuda" and not _before_hopper(device) and os.environ.get("LITQUANT_PDL") != "0"
+        # LITQUANT_PDL=0 (`dependent_launches_allowed`).
+        pdl = device.type == "cuda" and not _before_hopper(device) and dependent_launches_allowed()
         dependent = (False, True) if pdl else (False,)
         for rows in sorted({m_bucket(m), 1}):
             for block_n, warps, stages in ((256, 4, 3), (256, 4, 2), (128, 4, 3), (64, 4, 2)):
