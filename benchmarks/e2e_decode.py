@@ -9,6 +9,7 @@ device-to-device copy bandwidth measured in the same run.
 
     python benchmarks/e2e_decode.py --out_dir benchmarks/results --variants bf16,marlin
     python benchmarks/e2e_decode.py --variants bf16,marlin --compile yes --profile 20
+    python benchmarks/e2e_decode.py --variants marlin --compile yes --cache 4096 --attention both   # chat's cache
 
 `--profile N` then decodes N more tokens under torch.profiler and prints, per variant, where a token's GPU time
 goes (quantized matmuls, cuBLAS, attention, Inductor's fused kernels, copies) and how much of the token the GPU
@@ -26,6 +27,7 @@ from litgpt.config import Config
 from litgpt.generate.base import next_token
 from litgpt.model import GPT
 
+from litquant.attention import use_flex_decoding
 from litquant.config import QuantizeConfig
 from litquant.demo import model_bytes
 from litquant.fuse import fuse_gate_up
@@ -82,12 +84,17 @@ def build(config: Config, variant: str) -> GPT:
 
 
 @torch.inference_mode()
-def decoder(model: GPT, compile: bool, max_tokens: int, prompt_len: int = 16) -> Callable[[int], float]:
+def decoder(model: GPT, compile: bool, max_tokens: int, prompt_len: int = 16, cache: int = 0,
+            flex: bool = False) -> Callable[[int], float]:
     """Prefill a random prompt and decode 3 warm-up tokens (capturing the CUDA graph); returns `decode(n)`, which
-    decodes n more tokens (n in all at most `max_tokens`) and returns the seconds they took."""
+    decodes n more tokens (n in all at most `max_tokens`) and returns the seconds they took. The KV cache holds
+    `cache` positions (at least the prompt, the tokens and 8 more). Compiled, the one-token attention is litgpt's
+    SDPA, as in `litquant generate --compile`, or with `flex` FlexAttention over the filled part of the cache, as in
+    `litquant chat --compile` (`litquant.attention`)."""
     model.eval()
-    model.max_seq_length = prompt_len + max_tokens + 8
+    model.max_seq_length = max(cache, prompt_len + max_tokens + 8)
     set_kv_cache(model, torch.device("cuda"))
+    use_flex_decoding(model, compile and flex)
     compiled = torch.compile(next_token, options=compile_options()) if compile else next_token
 
     def step(*args):  # a new CUDA-graph step per token; copy the output out before the next replay reuses it
@@ -180,6 +187,11 @@ def main() -> None:
     parser.add_argument("--compile", choices=["yes", "no", "both"], default="both")
     parser.add_argument("--out_dir", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--profile", type=int, default=0, help="then decode this many tokens under torch.profiler")
+    parser.add_argument("--prompt", type=int, default=16, help="prompt tokens (the KV cache filled before decoding)")
+    parser.add_argument("--cache", type=int, default=0, help="KV cache positions (default: just enough)")
+    parser.add_argument("--attention", choices=["sdpa", "flex", "both"], default="sdpa",
+                        help="compiled one-token attention: litgpt's SDPA (as generate), or FlexAttention over the "
+                             "filled part of the cache (as chat)")
     args = parser.parse_args()
     config = Config.from_name(args.model)
     bandwidth = copy_bandwidth()
@@ -194,26 +206,30 @@ def main() -> None:
             continue
         weight_bytes = model_bytes(model) - model.transformer.wte.weight.numel() * 2  # the embedding is gathered, not read
         limit = bandwidth / weight_bytes
-        modes = {"yes": [True], "no": [False], "both": [False, True]}[args.compile]
-        for compile in modes:
+        compiles = {"yes": [True], "no": [False], "both": [False, True]}[args.compile]
+        attentions = {"flex": [True], "sdpa": [False], "both": [False, True]}[args.attention]
+        for compile, flex in [(c, f) for c in compiles for f in (attentions if c else [False])]:
             profile = None
+            attention = "flex" if flex else "sdpa"
             try:
-                decode = decoder(model, compile, args.tokens + args.profile)
+                torch._dynamo.reset()
+                decode = decoder(model, compile, args.tokens + args.profile, args.prompt, args.cache, flex)
                 tps, error = args.tokens / decode(args.tokens), None
                 if args.profile:
-                    trace = args.out_dir / f"profile_{variant}{'_compiled' if compile else ''}.json"
+                    trace = args.out_dir / f"profile_{variant}{f'_compiled_{attention}' if compile else ''}.json"
                     args.out_dir.mkdir(parents=True, exist_ok=True)
                     profile = profile_decode(decode, args.profile, trace)
             except Exception as e:
                 tps, error = float("nan"), f"{type(e).__name__}: {e}"
-            row = {"variant": variant, "compile": compile, "tokens_per_s": tps, "weight_gib": weight_bytes / 2**30,
+            row = {"variant": variant, "compile": compile, "attention": attention, "prompt": args.prompt,
+                   "cache": model.max_seq_length, "tokens_per_s": tps, "weight_gib": weight_bytes / 2**30,
                    "bandwidth_limit_tokens_per_s": limit, "fraction_of_limit": tps / limit, "error": error,
                    "profile": profile}
             rows.append(row)
-            print(f"{variant:10} compile={compile!s:5} {tps:8.1f} tok/s  weights {weight_bytes / 2**30:6.2f} GiB  "
+            print(f"{variant:10} compile={compile!s:5} {attention} {tps:8.1f} tok/s  weights {weight_bytes / 2**30:6.2f} GiB  "
                   f"limit {limit:7.1f} tok/s  ({100 * tps / limit:5.1f}%)" + (f"  {error}" if error else ""))
             if profile:
-                print_profile(f"{variant} compile={compile}", profile)
+                print_profile(f"{variant} compile={compile} {attention}", profile)
         del model
         torch.cuda.empty_cache()
     args.out_dir.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ import lightning as L
 import torch
 from litgpt.prompts import PromptStyle, has_prompt_style, load_prompt_style
 
+from litquant.attention import use_flex_decoding
 from litquant.kernels.base import dependent_launches_allowed
 from litquant.load import load_model
 
@@ -36,14 +37,17 @@ def compile_options() -> dict:
     return options
 
 
-def compile_next_token(kernel_compiles: bool):
-    """litgpt's `next_token` under torch.compile, or eager with a warning when the kernel cannot compile."""
+def compile_next_token(model: torch.nn.Module, flex_decoding: bool = False):
+    """litgpt's `next_token` under torch.compile, or eager with a warning when the kernel cannot compile.
+    `flex_decoding`: the one-token attention step through FlexAttention over the filled part of the KV cache
+    (`litquant.attention`), for a long cache that starts empty (chat's); otherwise litgpt's SDPA."""
     import litgpt.generate.base as gen
 
-    if not kernel_compiles:
+    if not _kernel_compiles(model):
         print("warning: --compile: this kernel is not compatible with torch.compile/CUDA graphs; running eagerly",
               file=sys.stderr)
         return
+    use_flex_decoding(model, flex_decoding)
     torch._dynamo.config.automatic_dynamic_shapes = True
     compiled = torch.compile(gen.next_token, options=compile_options())
 
@@ -144,7 +148,7 @@ def generate(
     model.max_seq_length = encoded.size(0) + max_new_tokens
     set_kv_cache(model, fabric.device)
     if compile:
-        compile_next_token(_kernel_compiles(model))
+        compile_next_token(model)
     L.seed_everything(1234)
     text = ""
     for i in range(num_samples):
@@ -201,7 +205,8 @@ def chat(
         quantize: for an ordinary checkpoint: bnb.nf4 (and other bitsandbytes modes) or rtn.int4-g128 style.
         precision: bf16-true, 16-true or 32-true. Default: bf16 on GPU, fp32 on CPU.
         device: cuda or cpu.
-        compile: compile the decode step with torch.compile.
+        compile: compile the decode step with torch.compile (CUDA graphs; the attention reads only the filled part of
+            the 4096-position KV cache, through FlexAttention).
         multiline: multi-line prompts (end with '!submit' on its own line).
     """
     from litgpt.chat.base import interact
@@ -211,7 +216,9 @@ def chat(
     model.max_seq_length = min(loaded.config.block_size, 4096)
     set_kv_cache(model, loaded.fabric.device)
     if compile:
-        compile_next_token(_kernel_compiles(model))
+        # litgpt's chat starts every turn at position 0 of this cache (it does not carry the conversation over), so
+        # a turn fills only its prompt and answer of the 4096 positions: FlexAttention's case (litquant/attention.py)
+        compile_next_token(model, flex_decoding=True)
     style = _prompt_style(Path(checkpoint_dir), loaded.config)
     print(f"Now chatting with {loaded.config.name} ({loaded.quantization}, kernel {loaded.kernel or '-'}).\n"
           "To exit, press 'Enter' on an empty prompt.\n")

@@ -1,0 +1,90 @@
+"""FlexAttention over the filled part of the KV cache (`litquant.attention`) against SDPA."""
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from litgpt.config import Config
+from litgpt.model import GPT
+
+from conftest import TINY_CONFIGS, tiny_config
+from litquant.attention import filled_prefix_attention, use_flex_decoding
+from litquant.generate import compile_options
+
+
+@pytest.mark.parametrize("cache,filled", [(300, 1), (300, 127), (300, 128), (300, 129), (300, 300), (256, 256),
+                                          (64, 40)])
+def test_filled_prefix_attention_reads_only_the_prefix(cache, filled):
+    """Eager (FlexAttention's reference path): the positions past the prefix hold values that would swamp the
+    output if any of them were attended."""
+    torch.manual_seed(0)
+    heads, head_size = 3, 32
+    q = torch.randn(1, heads, 1, head_size)
+    k, v = torch.randn(1, heads, cache, head_size), torch.randn(1, heads, cache, head_size)
+    k[:, :, filled:], v[:, :, filled:] = 30.0, 1e4
+    mask = (torch.arange(cache) < filled).view(1, 1, 1, cache)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "flex_attention called without torch.compile()"
+        out = filled_prefix_attention(q, k, v, mask, 1 / math.sqrt(head_size))
+    ref = F.scaled_dot_product_attention(q, k[:, :, :filled], v[:, :, :filled], scale=1 / math.sqrt(head_size))
+    assert out.shape == ref.shape
+    assert (out - ref).norm() / ref.norm() < 1e-5
+
+
+def test_use_flex_decoding_routes_only_what_it_can_and_leaves_eager_alone():
+    torch.manual_seed(0)
+    model = GPT(tiny_config("llama")).eval()
+    model.max_seq_length = 32
+    model.set_kv_cache(batch_size=1)
+    x = torch.randint(0, 96, (1, 8))
+    with torch.inference_mode():
+        before = model(x, torch.arange(8))
+        assert use_flex_decoding(model) == 2
+        model.set_kv_cache(batch_size=1)
+        after = model(x, torch.arange(8))  # eager: litgpt's attention
+    assert torch.equal(before, after)
+    assert use_flex_decoding(model, enable=False) == 0
+    assert all("scaled_dot_product_attention" not in vars(block.attn) for block in model.transformer.h)
+
+    softcapped = GPT(Config(**{**TINY_CONFIGS["llama"], "attention_logit_softcapping": 50.0}))
+    assert use_flex_decoding(softcapped) == 0
+    odd_heads = GPT(Config(**{**TINY_CONFIGS["llama"], "head_size": 24, "n_embd": 96}))
+    assert use_flex_decoding(odd_heads) == 0
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@torch.inference_mode()
+def test_compiled_decode_with_flex_matches_eager(device):
+    """The compiled decode (compile_options: CUDA graphs on the GPU), attention through FlexAttention, against eager
+    SDPA, teacher-forced over fills that cross cache blocks (100..160 of a 300-position cache). The cache's unfilled
+    positions hold huge values, so attending any of them would miss by orders of magnitude."""
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    with torch.device(device):
+        model = GPT(Config(**{**TINY_CONFIGS["llama_gpu"], "block_size": 512})).to(dtype).eval()
+    model.max_seq_length = 300
+    prompt_len, steps = 100, 60
+    tokens = torch.randint(0, 96, (1, prompt_len + steps), device=device)
+
+    def step(model, input_pos, x):
+        return model(x, input_pos)[0, -1].float()
+
+    def run(fn, compiled):
+        model.set_kv_cache(batch_size=1, device=torch.device(device), dtype=dtype)
+        for block in model.transformer.h:
+            block.attn.kv_cache.k.fill_(30.0)
+            block.attn.kv_cache.v.fill_(1e4)
+        logits = [fn(model, torch.arange(prompt_len, device=device), tokens[:, :prompt_len]).clone()]
+        for t in range(prompt_len, prompt_len + steps):
+            if compiled:
+                torch.compiler.cudagraph_mark_step_begin()
+            logits.append(fn(model, torch.tensor([t], device=device), tokens[:, t:t + 1]).clone())
+        return torch.stack(logits)
+
+    reference = run(step, compiled=False)
+    assert use_flex_decoding(model) == 2
+    torch._dynamo.reset()
+    out = run(torch.compile(step, options=compile_options()), compiled=True)
+    rel = (out - reference).norm(dim=-1) / reference.norm(dim=-1)
+    assert rel.max() < (2e-2 if dtype == torch.bfloat16 else 1e-4), rel
