@@ -10,7 +10,7 @@ from litgpt.model import GPT
 
 from conftest import TINY_CONFIGS, tiny_config
 from litquant.attention import filled_prefix_attention, use_flex_decoding
-from litquant.generate import compile_options
+from litquant.generate import compile_next_token, compile_options
 
 
 @pytest.mark.parametrize("cache,filled", [(300, 1), (300, 127), (300, 128), (300, 129), (300, 300), (256, 256),
@@ -51,6 +51,18 @@ def test_use_flex_decoding_routes_only_what_it_can_and_leaves_eager_alone():
     assert use_flex_decoding(softcapped) == 0
     odd_heads = GPT(Config(**{**TINY_CONFIGS["llama"], "head_size": 24, "n_embd": 96}))
     assert use_flex_decoding(odd_heads) == 0
+
+
+def test_compile_next_token_routes_attention_for_chat_only(monkeypatch):
+    """chat compiles with FlexAttention over the filled cache, generate with litgpt's SDPA."""
+    import litgpt.generate.base as gen
+
+    monkeypatch.setattr(gen, "next_token", gen.next_token)  # compile_next_token swaps it; restore afterwards
+    model = GPT(tiny_config("llama"))
+    compile_next_token(model, flex_decoding=True)
+    assert all("scaled_dot_product_attention" in vars(block.attn) for block in model.transformer.h)
+    compile_next_token(model)
+    assert all("scaled_dot_product_attention" not in vars(block.attn) for block in model.transformer.h)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
