@@ -20,6 +20,7 @@ turn fills only its prompt and answer from position 0 (a 7B-shaped marlin model 
 of them filled; with a 3000-token prompt, 9% fewer), and not for `generate`, whose cache is the prompt plus the new
 tokens.
 """
+import inspect
 import types
 
 import torch
@@ -28,6 +29,10 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 # Positions a block of the block mask covers (FlexAttention's default block size).
 KV_BLOCK = 128
+# Where torch has the option, the block mask leaves out its transposed (query-block) indices, which only the backward
+# pass reads: building them takes two argsorts per layer and step, which Inductor leaves to eager kernels.
+FORWARD_ONLY = ({"compute_q_blocks": False}
+                if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters else {})
 
 
 def filled_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -54,6 +59,7 @@ def filled_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m
         BLOCK_SIZE=KV_BLOCK,
         mask_mod=lambda b, h, q_idx, kv_idx: kv_idx < filled,
         seq_lengths=(1, cache),
+        **FORWARD_ONLY,
     )
     return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
 
