@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine (run through the `device` tool, carrying .whl):
-#   bash scripts/gpu.sh [stage ...]      stages: build test sm80 kernels e2e gptq awq generate attention
+#   bash scripts/gpu.sh [stage ...]      stages: build test sm80 kernels e2e chat gptq awq generate attention
 #                                        (sm80: the marlin GPU tests on the Ampere build, LITQUANT_CUDA_ARCH=8.0)
 #                                        (default: build test kernels)
 # Installs the carried wheels, then runs each stage with its log (and JSON) under $OUT.
@@ -30,6 +30,10 @@ for stage in $stages; do
                ${SM80_TEST_ARGS:-tests/test_marlin.py} ;;
     kernels) run kernels python3 benchmarks/kernels.py --out-dir "$OUT" ${KERNELS_ARGS:-} ;;
     e2e)     run e2e python3 benchmarks/e2e_decode.py --out_dir "$OUT" ${E2E_ARGS:-} ;;
+    chat)    for prompt in 16 3000; do  # chat's 4096-position cache: litgpt's SDPA against FlexAttention
+               run chat$prompt python3 benchmarks/e2e_decode.py --out_dir "$OUT/chat$prompt" --compile yes --cache 4096 \
+                 --attention both --tokens 100 --prompt $prompt ${CHAT_ARGS:---variants marlin}
+             done ;;
     gptq)    run gptq python3 benchmarks/quantize_speed.py --out_dir "$OUT" ${GPTQ_ARGS:-} ;;
     awq)     run awq python3 benchmarks/awq_speed.py --out "$OUT/awq_speed.json" ${AWQ_ARGS:-} ;;
     generate) run generate python3 benchmarks/generate_speed.py --out "$OUT/generate_speed.json" ${GENERATE_ARGS:-} ;;
