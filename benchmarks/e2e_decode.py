@@ -227,7 +227,8 @@ def main() -> None:
                    "profile": profile}
             rows.append(row)
             print(f"{variant:10} compile={compile!s:5} {attention} {tps:8.1f} tok/s  "
-                  f"weights {weight_bytes / 2**30:6.2f} GiB  limit {limit:7.1f} tok/s  ({100 * tps / limit:5.1f}%)" + (f"  {error}" if error else ""))
+                  f"weights {weight_bytes / 2**30:6.2f} GiB  limit {limit:7.1f} tok/s  ({100 * tps / limit:5.1f}%)"
+                  + (f"  {error}" if error else ""))
             if profile:
                 print_profile(f"{variant} compile={compile} {attention}", profile)
         del model
