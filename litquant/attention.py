@@ -6,22 +6,22 @@ attention sees the whole static cache, and litgpt's SDPA (cuDNN on an H200) read
 4096-position cache costs the same at the 10th token as at the 4000th.
 
 Here the one-token query goes through `torch.nn.attention.flex_attention` instead, with a block mask built on the GPU
-from the mask row litgpt passes (the positions up to the current one), inside the graph: the cache blocks wholly
-filled are "full" blocks (no mask evaluated), the block holding the current position is a partial one (positions
-past it masked), and the blocks after it are not read at all. Inductor turns it into its split-KV flex-decoding
-kernel, fused into the compiled step (no custom op splitting the graph).
+from the step's position, inside the graph, once per step for all layers: the cache blocks wholly filled are "full"
+blocks (no mask evaluated), the block holding the current position is a partial one (positions past it masked), and
+the blocks after it are not read at all. Inductor turns it into its split-KV flex-decoding kernel, fused into the
+compiled step (no custom op splitting the graph). With grouped-query attention it reads the cache's key/value heads
+as they are, where litgpt's SDPA path first copies them out once per query head.
 
-When it pays (H200, Llama-2-7B shapes: 32 heads of 128, bf16 cache, 32 layers in one CUDA graph;
-benchmarks/results/2026-12-03-flex-decoding.md): litgpt's SDPA costs the same at any fill, 8.3 us a layer for a
-144-position cache, 13.5 for 1024, 24.0 for 4096. This costs 10.8 us on the full 144-position cache, and 13.4 /
-13.9 / 16.2 with 144 / 512 / 1024 of 1024 positions filled: it grows with the filled part, and costs more than
-SDPA when most of a long cache is filled. So litquant uses it for chat, whose cache holds 4096 positions while each
-turn fills only its prompt and answer from position 0 (a 7B-shaped marlin model decoded 15% more tokens/s with 16
-of them filled; with a 3000-token prompt, 9% fewer), and not for `generate`, whose cache is the prompt plus the new
-tokens.
+When it pays (H200, 32 layers in one CUDA graph, a marlin 4-bit model, bf16 cache of 4096 positions;
+benchmarks/results/2026-12-03-flex-decoding-v2.md): litgpt's SDPA costs the same at any fill, this grows with the
+filled part. Llama-2-7B shapes (32 heads of 128): 500.5 against 412.5 tokens/s with 16 positions filled, 389.2
+against 413.9 with 3000. Llama-3.1-8B shapes (8 key/value heads): 397.1 against 237.7 with 16, 389.5 against 237.3
+with 3000. So litquant uses it for chat, whose cache holds 4096 positions while each turn fills only its prompt and
+answer from position 0, and not (yet) for `generate`, whose cache is the prompt plus the new tokens, mostly filled.
 """
 import inspect
 import types
+from typing import Optional
 
 import torch
 from litgpt.model import GPT, CausalSelfAttention
@@ -35,40 +35,76 @@ FORWARD_ONLY = ({"compute_q_blocks": False}
                 if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters else {})
 
 
-def filled_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                            scale: float) -> torch.Tensor:
-    """Attention of one query token over the filled prefix of a KV cache.
+def filled_prefix_block_mask(position: torch.Tensor, cache: int) -> BlockMask:
+    """FlexAttention's block mask for one query at `position` (a 1-element integer tensor) over a `cache`-position
+    KV cache: it attends positions 0 .. position, the filled prefix.
 
-    q: (1, heads, 1, head_size); k, v: (1, heads, cache, head_size); mask: (1, 1, 1, cache), True on the filled
-    prefix (the positions up to the query's). Returns (1, heads, 1, head_size), as `F.scaled_dot_product_attention`.
+    One query block of 1 batch and 1 (broadcast) head: the cache blocks wholly inside the prefix are "full" blocks
+    (no mask evaluated), then at most one partial block, the one holding `position`, whose positions past it the
+    mask_mod hides; the blocks after it are not read. Built from a tensor, so on the GPU, inside a CUDA graph. Only
+    the leading entries of each index list are read (their counts say how many).
     """
-    cache = k.size(2)
-    filled = mask.reshape(-1).sum(dtype=torch.int32)  # positions 0 .. filled-1 are attended
+    position = position.reshape(1)
+    filled = position[0].to(torch.int32) + 1
     n_blocks = -(-cache // KV_BLOCK)
-    block_index = torch.arange(n_blocks, device=q.device, dtype=torch.int32)
+    block_index = torch.arange(n_blocks, device=filled.device, dtype=torch.int32)
     full_blocks = filled // KV_BLOCK
     partial_block = filled % KV_BLOCK != 0
-    # FlexAttention's block mask, one query block of 1 batch and 1 (broadcast) head: the first `full_blocks` cache
-    # blocks whole, then at most one partial block, `full_blocks` itself, whose positions past `filled` the mask_mod
-    # hides. Only the leading entries of each index list are read (their counts say how many).
-    block_mask = BlockMask.from_kv_blocks(
+    return BlockMask.from_kv_blocks(
         kv_num_blocks=partial_block.to(torch.int32).view(1, 1, 1),
         kv_indices=(block_index + full_blocks).clamp(max=n_blocks - 1).view(1, 1, 1, n_blocks),
         full_kv_num_blocks=full_blocks.view(1, 1, 1),
         full_kv_indices=block_index.view(1, 1, 1, n_blocks),
         BLOCK_SIZE=KV_BLOCK,
-        mask_mod=lambda b, h, q_idx, kv_idx: kv_idx < filled,
+        # reads the position itself: a graph input, which Inductor's CPU FlexAttention takes (not a value
+        # computed from it)
+        mask_mod=lambda b, h, q_idx, kv_idx: kv_idx <= position[0],
         seq_lengths=(1, cache),
         **FORWARD_ONLY,
     )
-    return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
+
+
+def filled_prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask,
+                            scale: float) -> torch.Tensor:
+    """Attention of one query token over the filled prefix of a KV cache that `block_mask`
+    (`filled_prefix_block_mask`) describes.
+
+    q: (1, heads, 1, head_size); k, v: (1, kv_heads, cache, head_size), kv_heads dividing heads (grouped-query
+    attention). Returns (1, heads, 1, head_size), as `F.scaled_dot_product_attention`.
+    """
+    return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=k.size(1) != q.size(1))
+
+
+# The block mask of the compiled one-token step being traced: `_forward_with_step_block_mask` builds it once from the
+# step's position for all the layers (built in each layer, Inductor would repeat it in each: it does not merge
+# identical subgraphs), and clears it when the step returns. Only tracing reads and writes it; the compiled graph
+# holds the mask's tensors itself.
+_step_block_mask: Optional[BlockMask] = None
+
+
+def _forward_with_step_block_mask(self: GPT, idx: torch.Tensor, input_pos: Optional[torch.Tensor] = None,
+                                  *args, **kwargs):
+    """`GPT.forward`; a compiled one-token step first builds the block mask its attention layers share."""
+    global _step_block_mask
+    if not (torch.compiler.is_compiling() and input_pos is not None and idx.shape == (1, 1)):
+        return GPT.forward(self, idx, input_pos, *args, **kwargs)
+    _step_block_mask = filled_prefix_block_mask(input_pos, self.mask_cache.size(-1))  # as litgpt's mask row
+    try:
+        return GPT.forward(self, idx, input_pos, *args, **kwargs)
+    finally:
+        _step_block_mask = None
 
 
 def _attention_with_flex_decoding(self: CausalSelfAttention, q, k, v, mask=None):
     """`CausalSelfAttention.scaled_dot_product_attention`, with the compiled one-token step through FlexAttention."""
-    if torch.compiler.is_compiling() and q.size(0) == 1 and q.size(2) == 1 and mask is not None:
+    if (_step_block_mask is not None and q.size(0) == 1 and q.size(2) == 1
+            and k.size(2) == _step_block_mask.seq_lengths[1]):
         scale = self.mscale * self.mscale / (self.config.attention_scores_scalar or self.config.head_size) ** 0.5
-        return filled_prefix_attention(q, k, v, mask, scale).transpose(1, 2)
+        if k.size(1) != self.kv_cache.k.size(1) and k.size(2) == self.kv_cache.k.size(2):
+            # litgpt repeated the cache's key/value heads for the query heads, a copy of the whole cache every step:
+            # FlexAttention takes grouped heads itself, so it reads the cache, and Inductor drops the unused copy.
+            k, v = self.kv_cache.k, self.kv_cache.v
+        return filled_prefix_attention(q, k, v, _step_block_mask, scale).transpose(1, 2)
     return CausalSelfAttention.scaled_dot_product_attention(self, q, k, v, mask)
 
 
@@ -81,6 +117,7 @@ def use_flex_decoding(model: GPT, enable: bool = True) -> int:
     not take (not a power of two from 16 to 256). Eager steps and prefill keep litgpt's attention too. Returns the
     number of layers routed.
     """
+    model.__dict__.pop("forward", None)
     routed = 0
     for block in model.transformer.h:
         attn = block.attn
@@ -91,4 +128,6 @@ def use_flex_decoding(model: GPT, enable: bool = True) -> int:
                 and head_size & (head_size - 1) == 0):
             attn.scaled_dot_product_attention = types.MethodType(_attention_with_flex_decoding, attn)
             routed += 1
+    if routed:
+        model.forward = types.MethodType(_forward_with_step_block_mask, model)
     return routed

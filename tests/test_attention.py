@@ -9,25 +9,27 @@ from litgpt.config import Config
 from litgpt.model import GPT
 
 from conftest import TINY_CONFIGS, tiny_config
-from litquant.attention import filled_prefix_attention, use_flex_decoding
+from litquant.attention import filled_prefix_attention, filled_prefix_block_mask, use_flex_decoding
 from litquant.generate import compile_next_token, compile_options
 
 
 @pytest.mark.parametrize("cache,filled", [(300, 1), (300, 127), (300, 128), (300, 129), (300, 300), (256, 256),
                                           (64, 40)])
-def test_filled_prefix_attention_reads_only_the_prefix(cache, filled):
+@pytest.mark.parametrize("kv_heads", [6, 2, 1])
+def test_filled_prefix_attention_reads_only_the_prefix(cache, filled, kv_heads):
     """Eager (FlexAttention's reference path): the positions past the prefix hold values that would swamp the
     output if any of them were attended."""
     torch.manual_seed(0)
-    heads, head_size = 3, 32
+    heads, head_size = 6, 32
     q = torch.randn(1, heads, 1, head_size)
-    k, v = torch.randn(1, heads, cache, head_size), torch.randn(1, heads, cache, head_size)
+    k, v = torch.randn(1, kv_heads, cache, head_size), torch.randn(1, kv_heads, cache, head_size)
     k[:, :, filled:], v[:, :, filled:] = 30.0, 1e4
-    mask = (torch.arange(cache) < filled).view(1, 1, 1, cache)
+    block_mask = filled_prefix_block_mask(torch.tensor([filled - 1]), cache)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "flex_attention called without torch.compile()"
-        out = filled_prefix_attention(q, k, v, mask, 1 / math.sqrt(head_size))
-    ref = F.scaled_dot_product_attention(q, k[:, :, :filled], v[:, :, :filled], scale=1 / math.sqrt(head_size))
+        out = filled_prefix_attention(q, k, v, block_mask, 1 / math.sqrt(head_size))
+    ref = F.scaled_dot_product_attention(q, k[:, :, :filled], v[:, :, :filled], scale=1 / math.sqrt(head_size),
+                                         enable_gqa=True)
     assert out.shape == ref.shape
     assert (out - ref).norm() / ref.norm() < 1e-5
 
@@ -46,6 +48,7 @@ def test_use_flex_decoding_routes_only_what_it_can_and_leaves_eager_alone():
     assert torch.equal(before, after)
     assert use_flex_decoding(model, enable=False) == 0
     assert all("scaled_dot_product_attention" not in vars(block.attn) for block in model.transformer.h)
+    assert "forward" not in vars(model)
 
     softcapped = GPT(Config(**{**TINY_CONFIGS["llama"], "attention_logit_softcapping": 50.0}))
     assert use_flex_decoding(softcapped) == 0
@@ -63,6 +66,27 @@ def test_compile_next_token_routes_attention_for_chat_only(monkeypatch):
     assert all("scaled_dot_product_attention" in vars(block.attn) for block in model.transformer.h)
     compile_next_token(model)
     assert all("scaled_dot_product_attention" not in vars(block.attn) for block in model.transformer.h)
+
+
+@torch.inference_mode()
+def test_compiled_step_builds_one_block_mask_for_all_layers():
+    """Dynamo's graph of a one-token step: every layer's attention is FlexAttention, on one block mask."""
+    graphs = []
+
+    def keep_graph(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model = GPT(Config(**{**TINY_CONFIGS["llama_gpu"], "n_layer": 3, "block_size": 512})).eval()
+    model.max_seq_length = 300
+    model.set_kv_cache(batch_size=1)
+    assert use_flex_decoding(model) == 3
+    torch._dynamo.reset()
+    step = torch.compile(lambda model, input_pos, x: model(x, input_pos), backend=keep_graph, fullgraph=True)
+    step(model, torch.tensor([10]), torch.zeros(1, 1, dtype=torch.long))
+    targets = [str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"]
+    assert sum("flex_attention" in target for target in targets) == 3
+    assert sum("arange" in target for target in targets) == 1  # the block mask's block index, built once
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
