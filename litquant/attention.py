@@ -108,7 +108,7 @@ def _attention_with_flex_decoding(self: CausalSelfAttention, q, k, v, mask=None)
     return CausalSelfAttention.scaled_dot_product_attention(self, q, k, v, mask)
 
 
-def use_flex_decoding(model: GPT, enable: bool = True) -> int:
+def use_flex_decoding(model: torch.nn.Module, enable: bool = True) -> int:
     """Route the compiled one-token decode step of `model`'s attention layers through `filled_prefix_attention`
     (`enable=False` gives them back litgpt's attention).
 
@@ -117,7 +117,10 @@ def use_flex_decoding(model: GPT, enable: bool = True) -> int:
     not take (not a power of two from 16 to 256). Eager steps and prefill keep litgpt's attention too. Returns the
     number of layers routed.
     """
-    model.__dict__.pop("forward", None)
+    # A model from `litquant.load.load_model` is wrapped by Fabric: the step's forward goes on the GPT inside, so that
+    # the wrapper's own forward (the precision plugin's input conversion and context) still runs in front of it.
+    gpt = getattr(model, "module", model)
+    gpt.__dict__.pop("forward", None)
     routed = 0
     for block in model.transformer.h:
         attn = block.attn
@@ -129,5 +132,5 @@ def use_flex_decoding(model: GPT, enable: bool = True) -> int:
             attn.scaled_dot_product_attention = types.MethodType(_attention_with_flex_decoding, attn)
             routed += 1
     if routed:
-        model.forward = types.MethodType(_forward_with_step_block_mask, model)
+        gpt.forward = types.MethodType(_forward_with_step_block_mask, gpt)
     return routed

@@ -2,6 +2,7 @@
 import math
 import warnings
 
+import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
@@ -68,9 +69,11 @@ def test_compile_next_token_routes_attention_for_chat_only(monkeypatch):
     assert all("scaled_dot_product_attention" not in vars(block.attn) for block in model.transformer.h)
 
 
+@pytest.mark.parametrize("wrapped", [False, True], ids=["GPT", "fabric"])
 @torch.inference_mode()
-def test_compiled_step_builds_one_block_mask_for_all_layers():
-    """Dynamo's graph of a one-token step: every layer's attention is FlexAttention, on one block mask."""
+def test_compiled_step_builds_one_block_mask_for_all_layers(wrapped):
+    """Dynamo's graph of a one-token step: every layer's attention is FlexAttention, on one block mask; also for the
+    model as `litquant.load.load_model` gives it, wrapped by Fabric."""
     graphs = []
 
     def keep_graph(gm, example_inputs):
@@ -80,6 +83,8 @@ def test_compiled_step_builds_one_block_mask_for_all_layers():
     model = GPT(Config(**{**TINY_CONFIGS["llama_gpu"], "n_layer": 3, "block_size": 512})).eval()
     model.max_seq_length = 300
     model.set_kv_cache(batch_size=1)
+    if wrapped:
+        model = L.Fabric(accelerator="cpu", devices=1).setup_module(model)
     assert use_flex_decoding(model) == 3
     torch._dynamo.reset()
     step = torch.compile(lambda model, input_pos, x: model(x, input_pos), backend=keep_graph, fullgraph=True)
@@ -87,6 +92,8 @@ def test_compiled_step_builds_one_block_mask_for_all_layers():
     targets = [str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"]
     assert sum("flex_attention" in target for target in targets) == 3
     assert sum("arange" in target for target in targets) == 1  # the block mask's block index, built once
+    if wrapped:  # the block mask is built in the GPT's forward; Fabric's own forward stays in front of it
+        assert "forward" not in vars(model) and "forward" in vars(model.module)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
