@@ -114,8 +114,9 @@ def use_flex_decoding(model: torch.nn.Module, enable: bool = True) -> int:
 
     Layers it does not apply to keep litgpt's attention: logit softcapping or a sliding window (masks that are not
     a filled prefix), another attention class (multi-head latent attention), head sizes FlexAttention's kernels do
-    not take (not a power of two from 16 to 256). Eager steps and prefill keep litgpt's attention too. Returns the
-    number of layers routed.
+    not take (not a power of two from 16 to 256). Eager steps and prefill keep litgpt's attention too. When any
+    layer is routed, the GPT's `forward` is wrapped too, to build the step's block mask once for all layers. Returns
+    the number of layers routed.
     """
     # A model from `litquant.load.load_model` is wrapped by Fabric: the step's forward goes on the GPT inside, so that
     # the wrapper's own forward (the precision plugin's input conversion and context) still runs in front of it.
