@@ -7,6 +7,7 @@ from typing import Iterator, List, Optional
 
 import lightning as L
 import torch
+from litgpt.config import Config
 from litgpt.prompts import PromptStyle, has_prompt_style, load_prompt_style
 
 from litquant.attention import use_flex_decoding
@@ -40,7 +41,8 @@ def compile_options() -> dict:
 def compile_next_token(model: torch.nn.Module, flex_decoding: bool = False):
     """litgpt's `next_token` under torch.compile, or eager with a warning when the kernel cannot compile.
     `flex_decoding`: the one-token attention step through FlexAttention over the filled part of the KV cache
-    (`litquant.attention`), for a long cache that each turn fills from position 0 (chat's); otherwise litgpt's SDPA."""
+    (`litquant.attention`), for a long cache that each turn fills from position 0 (chat's) or for grouped-query
+    attention (`flex_decoding_pays_in_generate`); otherwise litgpt's SDPA."""
     import litgpt.generate.base as gen
 
     if not _kernel_compiles(model):
@@ -63,6 +65,16 @@ def compile_next_token(model: torch.nn.Module, flex_decoding: bool = False):
         return compiled(*args, **kwargs).clone()
 
     gen.next_token = step
+
+
+def flex_decoding_pays_in_generate(config: Config) -> bool:
+    """Whether `generate`'s compiled step should go through FlexAttention: for grouped-query attention, where litgpt's
+    SDPA path copies the cache's key/value heads out for every query head each token and FlexAttention reads them as
+    they are. Measured on the H200 (marlin, cache = prompt + 200 new tokens, tokens/s; SDPA against Flex;
+    benchmarks/results/2026-12-03-flex-generate.md): Llama-3.1-8B shapes (8 key/value heads) 400.3 / 410.6 with a
+    16-token prompt, 302.6 / 405.6 with 1000; Llama-2-7B shapes (no grouping) 509.7 / 493.2 and 471.3 / 445.5, so
+    there litgpt's SDPA stays."""
+    return config.n_query_groups < config.n_head
 
 
 def set_kv_cache(model, device: torch.device) -> None:
@@ -148,7 +160,7 @@ def generate(
     model.max_seq_length = encoded.size(0) + max_new_tokens
     set_kv_cache(model, fabric.device)
     if compile:
-        compile_next_token(model)
+        compile_next_token(model, flex_decoding=flex_decoding_pays_in_generate(loaded.config))
     L.seed_everything(1234)
     text = ""
     for i in range(num_samples):

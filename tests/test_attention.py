@@ -11,7 +11,7 @@ from litgpt.model import GPT
 
 from conftest import TINY_CONFIGS, tiny_config
 from litquant.attention import filled_prefix_attention, filled_prefix_block_mask, use_flex_decoding
-from litquant.generate import compile_next_token, compile_options
+from litquant.generate import compile_next_token, compile_options, flex_decoding_pays_in_generate
 
 
 @pytest.mark.parametrize("cache,filled", [(300, 1), (300, 127), (300, 128), (300, 129), (300, 300), (256, 256),
@@ -57,8 +57,8 @@ def test_use_flex_decoding_routes_only_what_it_can_and_leaves_eager_alone():
     assert use_flex_decoding(odd_heads) == 0
 
 
-def test_compile_next_token_routes_attention_for_chat_only(monkeypatch):
-    """chat compiles with FlexAttention over the filled cache, generate with litgpt's SDPA."""
+def test_compile_next_token_routes_attention_as_asked(monkeypatch):
+    """chat compiles with FlexAttention over the filled cache; generate with it only for grouped-query attention."""
     import litgpt.generate.base as gen
 
     monkeypatch.setattr(gen, "next_token", gen.next_token)  # compile_next_token swaps it; restore afterwards
@@ -67,6 +67,8 @@ def test_compile_next_token_routes_attention_for_chat_only(monkeypatch):
     assert all("scaled_dot_product_attention" in vars(block.attn) for block in model.transformer.h)
     compile_next_token(model)
     assert all("scaled_dot_product_attention" not in vars(block.attn) for block in model.transformer.h)
+    assert not flex_decoding_pays_in_generate(Config.from_name("Llama-2-7b-hf"))
+    assert flex_decoding_pays_in_generate(Config.from_name("Llama-3.1-8B"))
 
 
 @pytest.mark.parametrize("wrapped", [False, True], ids=["GPT", "fabric"])
