@@ -35,7 +35,7 @@ def agreement(what: str, tokens: list, others: list) -> int:
 def main(variant: str = "marlin", model_name: str = "Llama-2-7b-hf", prompt_len: int = 16, new_tokens: int = 200,
          reps: int = 3, out: Path = None) -> None:
     model = build(Config.from_name(model_name), variant).eval()
-    compile_next_token(model, flex_decoding=flex_decoding_pays_in_generate(model.config))
+    compile_next_token(model, flex_decoding=flex_decoding_pays_in_generate(model.config, torch.device("cuda")))
     prompt = torch.randint(0, model.config.vocab_size, (prompt_len,), device="cuda")
     model.max_seq_length = prompt_len + new_tokens
     set_kv_cache(model, torch.device("cuda"))

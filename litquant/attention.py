@@ -18,7 +18,8 @@ filled part. Llama-2-7B shapes (32 heads of 128): 500.5 against 412.5 tokens/s w
 against 413.9 with 3000. Llama-3.1-8B shapes (8 key/value heads): 397.1 against 237.7 with 16, 389.5 against 237.3
 with 3000. So litquant uses it for chat, whose cache holds 4096 positions while each turn fills only its prompt and
 answer from position 0. `generate`'s cache is the prompt plus the new tokens, mostly filled: there it uses it only
-for grouped-query attention (`litquant.generate.flex_decoding_pays_in_generate`, 2026-12-03-flex-generate.md).
+for grouped-query attention on a GPU (`litquant.generate.flex_decoding_pays_in_generate`,
+2026-12-03-flex-generate.md).
 """
 import inspect
 import types

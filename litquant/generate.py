@@ -67,14 +67,15 @@ def compile_next_token(model: torch.nn.Module, flex_decoding: bool = False):
     gen.next_token = step
 
 
-def flex_decoding_pays_in_generate(config: Config) -> bool:
-    """Whether `generate`'s compiled step should go through FlexAttention: for grouped-query attention, where litgpt's
-    SDPA path copies the cache's key/value heads out for every query head each token and FlexAttention reads them as
-    they are. Measured on the H200 (marlin, cache = prompt + 200 new tokens, tokens/s; SDPA against Flex;
-    benchmarks/results/2026-12-03-flex-generate.md): Llama-3.1-8B shapes (8 key/value heads) 400.3 / 410.6 with a
-    16-token prompt, 302.6 / 405.6 with 1000; Llama-2-7B shapes (no grouping) 509.7 / 493.2 and 471.3 / 445.5, so
-    there litgpt's SDPA stays."""
-    return config.n_query_groups < config.n_head
+def flex_decoding_pays_in_generate(config: Config, device: torch.device) -> bool:
+    """Whether `generate`'s compiled step should go through FlexAttention: on a GPU, for grouped-query attention,
+    where litgpt's SDPA path copies the cache's key/value heads out for every query head each token and FlexAttention
+    reads them as they are. Measured on the H200 (marlin, cache = prompt + 200 new tokens, tokens/s; SDPA against
+    Flex; benchmarks/results/2026-12-03-flex-generate.md): Llama-3.1-8B shapes (8 key/value heads) 400.3 / 410.6
+    with a 16-token prompt, 302.6 / 405.6 with 1000; Llama-2-7B shapes (no grouping) 509.7 / 493.2 and 471.3 / 445.5,
+    so there litgpt's SDPA stays. On the CPU (SmolLM2-135M, 3 key/value heads for 9) Flex decoded 4% slower and
+    took 66 s more to compile."""
+    return device.type == "cuda" and config.n_query_groups < config.n_head
 
 
 def set_kv_cache(model, device: torch.device) -> None:
@@ -160,7 +161,7 @@ def generate(
     model.max_seq_length = encoded.size(0) + max_new_tokens
     set_kv_cache(model, fabric.device)
     if compile:
-        compile_next_token(model, flex_decoding=flex_decoding_pays_in_generate(loaded.config))
+        compile_next_token(model, flex_decoding=flex_decoding_pays_in_generate(loaded.config, fabric.device))
     L.seed_everything(1234)
     text = ""
     for i in range(num_samples):

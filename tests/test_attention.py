@@ -67,8 +67,10 @@ def test_compile_next_token_routes_attention_as_asked(monkeypatch):
     assert all("scaled_dot_product_attention" in vars(block.attn) for block in model.transformer.h)
     compile_next_token(model)
     assert all("scaled_dot_product_attention" not in vars(block.attn) for block in model.transformer.h)
-    assert not flex_decoding_pays_in_generate(Config.from_name("Llama-2-7b-hf"))
-    assert flex_decoding_pays_in_generate(Config.from_name("Llama-3.1-8B"))
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert not flex_decoding_pays_in_generate(Config.from_name("Llama-2-7b-hf"), cuda)
+    assert flex_decoding_pays_in_generate(Config.from_name("Llama-3.1-8B"), cuda)
+    assert not flex_decoding_pays_in_generate(Config.from_name("Llama-3.1-8B"), cpu)
 
 
 @pytest.mark.parametrize("wrapped", [False, True], ids=["GPT", "fabric"])
