@@ -42,7 +42,7 @@ def compile_next_token(model: torch.nn.Module, flex_decoding: bool = False):
     """litgpt's `next_token` under torch.compile, or eager with a warning when the kernel cannot compile.
     `flex_decoding`: the one-token attention step through FlexAttention over the filled part of the KV cache
     (`litquant.attention`), for a long cache that each turn fills from position 0 (chat's) or for grouped-query
-    attention (`flex_decoding_pays_in_generate`); otherwise litgpt's SDPA."""
+    attention on a GPU (`flex_decoding_pays_in_generate`); otherwise litgpt's SDPA."""
     import litgpt.generate.base as gen
 
     if not _kernel_compiles(model):

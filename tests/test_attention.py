@@ -58,7 +58,7 @@ def test_use_flex_decoding_routes_only_what_it_can_and_leaves_eager_alone():
 
 
 def test_compile_next_token_routes_attention_as_asked(monkeypatch):
-    """chat compiles with FlexAttention over the filled cache; generate with it only for grouped-query attention."""
+    """chat compiles with FlexAttention over the filled cache; generate only for grouped-query attention on a GPU."""
     import litgpt.generate.base as gen
 
     monkeypatch.setattr(gen, "next_token", gen.next_token)  # compile_next_token swaps it; restore afterwards
