@@ -1,8 +1,8 @@
 """`litquant`: every `litgpt` command, unchanged, plus litquant's own.
 
 litgpt builds its CLI from a fixed dict with no plugin hook, and a second package installing a `litgpt`
-script would overwrite litgpt's own, so litquant is a superset under its own name. `generate` and `chat`
-are litquant's versions: they also load quantized checkpoints, and plain ones as before.
+script would overwrite litgpt's own, so litquant is a superset under its own name. `generate`, `chat` and
+`serve` are litquant's versions: they also load quantized checkpoints, and plain ones as before.
 """
 import warnings
 
@@ -16,12 +16,14 @@ from litquant.gguf import convert_gguf_to_litgpt
 from litquant.kernels import kernels
 from litquant.perplexity import perplexity
 from litquant.quantize.main import quantize
+from litquant.serve import serve
 
 COMMANDS = {
     **LITGPT_COMMANDS,
     "quantize": quantize,
     "generate": generate,
     "chat": chat,
+    "serve": serve,
     "perplexity": perplexity,
     "convert_gguf_to_litgpt": convert_gguf_to_litgpt,
     "kernels": kernels,

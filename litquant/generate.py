@@ -21,7 +21,8 @@ from litquant.load import load_model
 READBACK_EVERY = 16
 
 
-def _prompt_style(checkpoint_dir: Path, config) -> PromptStyle:
+def checkpoint_prompt_style(checkpoint_dir: Path, config) -> PromptStyle:
+    """The checkpoint's own prompt style (prompt_style.yaml), else the one litgpt knows for the model."""
     return load_prompt_style(checkpoint_dir) if has_prompt_style(checkpoint_dir) else PromptStyle.from_config(config)
 
 
@@ -156,7 +157,7 @@ def generate(
     print(f"loaded {checkpoint_dir} ({loaded.quantization}, kernel {loaded.kernel or '-'}) in {loaded.load_seconds:.2f} s",
           file=sys.stderr)
     if apply_prompt_style:
-        prompt = _prompt_style(Path(checkpoint_dir), loaded.config).apply(prompt)
+        prompt = checkpoint_prompt_style(Path(checkpoint_dir), loaded.config).apply(prompt)
     encoded = tokenizer.encode(prompt, device=fabric.device)
     model.max_seq_length = encoded.size(0) + max_new_tokens
     set_kv_cache(model, fabric.device)
@@ -232,7 +233,7 @@ def chat(
         # litgpt's chat starts every turn at position 0 of this cache (it does not carry the conversation over), so
         # a turn fills only its prompt and answer of the 4096 positions: FlexAttention's case (litquant/attention.py)
         compile_next_token(model, flex_decoding=True)
-    style = _prompt_style(Path(checkpoint_dir), loaded.config)
+    style = checkpoint_prompt_style(Path(checkpoint_dir), loaded.config)
     print(f"Now chatting with {loaded.config.name} ({loaded.quantization}, kernel {loaded.kernel or '-'}).\n"
           "To exit, press 'Enter' on an empty prompt.\n")
     L.seed_everything(1234)

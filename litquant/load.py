@@ -41,6 +41,14 @@ def default_precision(device: torch.device) -> str:
     return "32-true"
 
 
+def checkpoint_config(checkpoint_dir: Path) -> Config:
+    """The model config of a litgpt or litquant checkpoint directory, or a clear error if it is not one."""
+    if not (Path(checkpoint_dir) / "model_config.yaml").is_file():
+        raise FileNotFoundError(f"{Path(checkpoint_dir) / 'model_config.yaml'} not found: not a litgpt or litquant "
+                                "checkpoint")
+    return Config.from_file(Path(checkpoint_dir) / "model_config.yaml")
+
+
 def parse_rtn(quantize: str) -> Tuple[int, int]:
     m = RTN_PATTERN.match(quantize)
     if not m:
@@ -59,14 +67,12 @@ def load_model(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: 
     gate and up projections of LLaMA-style MLPs run as one matmul (`litquant.fuse`).
     """
     checkpoint_dir = Path(checkpoint_dir)
-    if not (checkpoint_dir / "model_config.yaml").is_file():
-        raise FileNotFoundError(f"{checkpoint_dir / 'model_config.yaml'} not found: not a litgpt or litquant checkpoint")
+    config = checkpoint_config(checkpoint_dir)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     precision = precision or default_precision(device)
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is not one of {list(PRECISIONS)}")
     dtype = PRECISIONS[precision]
-    config = Config.from_file(checkpoint_dir / "model_config.yaml")
     start = time.perf_counter()
     quantized = is_quantized_checkpoint(checkpoint_dir)
     if quantized and quantize:

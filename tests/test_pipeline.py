@@ -1,5 +1,6 @@
 """quantize -> save -> load -> generate on tiny random LitGPT models, and every bad input on the way."""
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -253,12 +254,24 @@ def test_bnb_nf4_baseline_loads_plain_checkpoints(tiny_llama_checkpoint):
 
 def test_cli_help_lists_litgpt_and_litquant_commands():
     out = subprocess.run([sys.executable, "-m", "litquant", "--help"], capture_output=True, text=True, check=True).stdout
-    for command in ("finetune_lora", "pretrain", "download", "quantize", "generate", "chat", "perplexity",
+    for command in ("finetune_lora", "pretrain", "download", "quantize", "generate", "chat", "serve", "perplexity",
                     "convert_gguf_to_litgpt", "kernels", "demo"):
         assert command in out
     out = subprocess.run([sys.executable, "-m", "litquant", "quantize", "--help"], capture_output=True, text=True,
                          check=True).stdout
     assert "--desc_act" in out and "act_order" in out and "--kernel" in out
+
+
+def test_readme_rtn_quantize_and_generate_commands_run(tiny_llama_checkpoint, tmp_path):
+    """The README's RTN quantize and generate lines, as written there, on a tiny checkpoint."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text().splitlines()
+    lines = [line.strip() for line in readme
+             if line.strip().startswith(("litquant quantize checkpoints/smollm2 --method rtn", "litquant generate"))]
+    assert len(lines) == 2
+    for line in lines:
+        line = line.replace("checkpoints/smollm2", str(tiny_llama_checkpoint)).replace("q/", f"{tmp_path}/q/")
+        done = subprocess.run([sys.executable, "-m", *shlex.split(line)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_cli_quantize_from_yaml_config(tiny_llama_checkpoint, tmp_path):

@@ -1,0 +1,102 @@
+"""`litquant serve`: litgpt's LitServe server, for litquant's quantized checkpoints as well as ordinary ones.
+
+litgpt's server classes (`litgpt.deploy.serve`) load their model with `LLM.load(...).distribute(...)`, which reads
+only full-precision checkpoints and quantizes only with bitsandbytes. The classes here are litgpt's own (request
+decoding, sampling, streaming and the OpenAI spec stay litgpt's code) with one method swapped: `setup` loads the
+model with litquant's loader, so a quantized checkpoint runs on its kernel, and `--quantize` also takes RTN on load.
+The server runs one model on one device, and generates with litgpt's `LLM.generate`, eagerly.
+"""
+import sys
+from pathlib import Path
+from typing import Optional
+
+from litgpt.api import LLM, Preprocessor
+from litgpt.constants import _LITSERVE_AVAILABLE
+from litgpt.deploy.serve import BaseLitAPI, OpenAISpecLitAPI, SimpleLitAPI, StreamLitAPI
+
+from litquant.config import QuantizeConfig, is_quantized_checkpoint
+from litquant.generate import checkpoint_prompt_style
+from litquant.load import checkpoint_config, load_model
+
+
+class LitquantLoading(BaseLitAPI):
+    """litgpt's `BaseLitAPI`, its model loaded by `litquant.load.load_model` on the device LitServe gives it.
+
+    It sits between each litgpt API class and `BaseLitAPI` in the method order (see the classes below), so each
+    class's own `setup` reaches this one through `super()` (the OpenAI class then reads the chat template)."""
+
+    kernel: Optional[str] = None  # for quantized checkpoints and RTN on load; None: the checkpoint's
+
+    def setup(self, device: str) -> None:
+        loaded = load_model(self.checkpoint_dir, kernel=self.kernel, quantize=self.quantize, precision=self.precision,
+                            device=device)
+        print(f"loaded {self.checkpoint_dir} ({loaded.quantization}, kernel {loaded.kernel or '-'}) on {device} in "
+              f"{loaded.load_seconds:.2f} s", file=sys.stderr)
+        self.llm = LLM(loaded.model, Preprocessor(loaded.tokenizer, device=loaded.fabric.device),
+                       checkpoint_prompt_style(self.checkpoint_dir, loaded.config), config=loaded.config,
+                       checkpoint_dir=self.checkpoint_dir, fabric=loaded.fabric)
+
+
+class SimpleAPI(SimpleLitAPI, LitquantLoading):
+    """POST {"prompt": ...} -> {"output": ...}."""
+
+
+class StreamAPI(StreamLitAPI, LitquantLoading):
+    """POST {"prompt": ...} -> a stream of {"output": ...}, a piece of text each."""
+
+
+class OpenAIAPI(OpenAISpecLitAPI, LitquantLoading):
+    """OpenAI-compatible `/v1/chat/completions`."""
+
+
+def serve(
+    checkpoint_dir: Path,
+    *,
+    kernel: Optional[str] = None,
+    quantize: Optional[str] = None,
+    precision: Optional[str] = None,
+    temperature: float = 0.8,
+    top_k: Optional[int] = 50,
+    top_p: float = 1.0,
+    max_new_tokens: int = 50,
+    accelerator: str = "auto",
+    port: int = 8000,
+    stream: bool = False,
+    openai_spec: bool = False,
+    api_path: str = "/predict",
+    timeout: int = 30,
+) -> None:
+    """Serve a quantized (or ordinary) checkpoint over HTTP with LitServe, as `litgpt serve` does.
+
+    Args:
+        checkpoint_dir: a quantized checkpoint from `litquant quantize`, or an ordinary litgpt checkpoint.
+        kernel: kernel for quantized Linears (auto, torch, triton, marlin, ...). Default: the checkpoint's.
+        quantize: for an ordinary checkpoint: bnb.nf4 (and other bitsandbytes modes) or rtn.int4-g128 style.
+        precision: bf16-true, 16-true or 32-true. Default: bf16 on GPU, fp32 on CPU.
+        temperature: sampling temperature.
+        top_k: sample among the k most probable tokens (1: greedy).
+        top_p: nucleus sampling threshold.
+        max_new_tokens: the most tokens per answer.
+        accelerator: auto, cuda or cpu.
+        port: the port to listen on.
+        stream: stream each answer as it is generated.
+        openai_spec: serve OpenAI-compatible `/v1/chat/completions` instead of `api_path`.
+        api_path: the endpoint's path.
+        timeout: seconds a request may wait.
+    """
+    if not _LITSERVE_AVAILABLE:
+        raise ImportError("litquant serve needs LitServe: pip install litserve")
+    from litserve import LitServer
+    from litserve.specs.openai import OpenAISpec
+
+    checkpoint_dir = Path(checkpoint_dir)
+    checkpoint_config(checkpoint_dir)  # a bad directory or config fails here, before a worker starts
+    if is_quantized_checkpoint(checkpoint_dir):
+        QuantizeConfig.load(checkpoint_dir)
+    api_class = OpenAIAPI if openai_spec else StreamAPI if stream else SimpleAPI
+    api = api_class(checkpoint_dir, quantize=quantize, precision=precision, temperature=temperature, top_k=top_k,
+                    top_p=top_p, max_new_tokens=max_new_tokens, devices=1, api_path=api_path)
+    api.kernel = kernel
+    server = LitServer(api, spec=OpenAISpec() if openai_spec else None, accelerator=accelerator, devices=1,
+                       stream=stream, timeout=timeout)
+    server.run(port=port, generate_client_file=False)

@@ -1,0 +1,58 @@
+"""`litquant serve` on a tiny quantized checkpoint: the HTTP answers are `litquant generate`'s greedy text."""
+from pathlib import Path
+
+import pytest
+
+from litquant.generate import generate
+from litquant.quantize.main import quantize
+from litquant.serve import serve
+
+litserve = pytest.importorskip("litserve")
+from fastapi.testclient import TestClient  # noqa: E402  (LitServe's dependency)
+from litserve.utils import wrap_litserve_start  # noqa: E402
+
+NEW_TOKENS = 10
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory) -> Path:
+    from conftest import make_tiny_checkpoint
+
+    tmp = tmp_path_factory.mktemp("serve")
+    return quantize(make_tiny_checkpoint(tmp / "tiny"), tmp / "q", method="rtn", bits=4, group_size=32,
+                    kernel="torch", device="cpu")
+
+
+def started(monkeypatch, checkpoint_dir: Path, **options):
+    """The server `serve` builds, started in this process as LitServe's own tests do (no port is opened)."""
+    servers = []
+    monkeypatch.setattr(litserve.LitServer, "run", lambda server, **_: servers.append(server))
+    serve(checkpoint_dir, top_k=1, max_new_tokens=NEW_TOKENS, accelerator="cpu", **options)
+    return wrap_litserve_start(servers[0])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_served_answer_is_generates_greedy_text(quantized, monkeypatch, stream):
+    expected = generate(quantized, prompt="hello", max_new_tokens=NEW_TOKENS, device="cpu", temperature=0.0)
+    with started(monkeypatch, quantized, stream=stream) as server, TestClient(server.app) as client:
+        response = client.post("/predict", json={"prompt": "hello"})
+    assert response.status_code == 200
+    if stream:  # one JSON line a token; the tiny word-level tokenizer decodes a token alone without its space
+        pieces = [line for line in response.text.splitlines() if line]
+        assert pieces == [f'{{"output": "{word}"}}' for word in expected.split(" ")]
+    else:
+        assert response.json() == {"output": expected}
+
+
+def test_openai_chat_completions(quantized, monkeypatch):
+    with started(monkeypatch, quantized, openai_spec=True) as server, TestClient(server.app) as client:
+        response = client.post("/v1/chat/completions",
+                               json={"model": "tiny", "messages": [{"role": "user", "content": "hello"}]})
+    assert response.status_code == 200
+    answer = response.json()["choices"][0]["message"]
+    assert answer["role"] == "assistant" and answer["content"].strip()
+
+
+def test_serve_refuses_a_directory_that_is_not_a_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="model_config.yaml"):
+        serve(tmp_path, accelerator="cpu")
