@@ -74,7 +74,8 @@ def flex_decoding_pays_in_generate(config: Config, device: torch.device) -> bool
     reads them as they are. Measured on the H200 (marlin, cache = prompt + 200 new tokens, tokens/s; SDPA against
     Flex; benchmarks/results/2026-12-03-flex-generate.md): Llama-3.1-8B shapes (8 key/value heads) 400.3 / 410.6
     with a 16-token prompt, 302.6 / 405.6 with 1000; Llama-2-7B shapes (no grouping) 509.7 / 493.2 and 471.3 / 445.5,
-    so there litgpt's SDPA stays. On the CPU (SmolLM2-135M, 3 key/value heads for 9) Flex decoded 4% slower and
+    and 511.8 / 491.6 with the order of the two compiles balanced (2026-12-03-e2e-order.md), so there litgpt's SDPA
+    stays. On the CPU (SmolLM2-135M, 3 key/value heads for 9) Flex decoded 4% slower and
     took 66 s more to compile."""
     return device.type == "cuda" and config.n_query_groups < config.n_head
 

@@ -43,10 +43,10 @@ def default_precision(device: torch.device) -> str:
 
 def checkpoint_config(checkpoint_dir: Path) -> Config:
     """The model config of a litgpt or litquant checkpoint directory, or a clear error if it is not one."""
-    if not (Path(checkpoint_dir) / "model_config.yaml").is_file():
-        raise FileNotFoundError(f"{Path(checkpoint_dir) / 'model_config.yaml'} not found: not a litgpt or litquant "
-                                "checkpoint")
-    return Config.from_file(Path(checkpoint_dir) / "model_config.yaml")
+    path = Path(checkpoint_dir) / "model_config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: not a litgpt or litquant checkpoint")
+    return Config.from_file(path)
 
 
 def parse_rtn(quantize: str) -> Tuple[int, int]:
