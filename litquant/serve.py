@@ -4,9 +4,11 @@ litgpt's server classes (`litgpt.deploy.serve`) load their model with `LLM.load(
 only full-precision checkpoints and quantizes only with bitsandbytes. The classes here are litgpt's own (request
 decoding, sampling, streaming and the OpenAI spec stay litgpt's code) with one method swapped: `setup` loads the
 model with litquant's loader, so a quantized checkpoint runs on its kernel, and `--quantize` also takes RTN on load.
-The server runs one model on one device, and generates with litgpt's `LLM.generate`, eagerly.
+The server runs one model on one device, and generates with litgpt's `LLM.generate`: eagerly, or with `--compile`
+through the compiled decode step of `litquant chat --compile` (`serving_llm`).
 """
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -15,8 +17,32 @@ from litgpt.constants import _LITSERVE_AVAILABLE
 from litgpt.deploy.serve import BaseLitAPI, OpenAISpecLitAPI, SimpleLitAPI, StreamLitAPI
 
 from litquant.config import QuantizeConfig, is_quantized_checkpoint
-from litquant.generate import checkpoint_prompt_style
-from litquant.load import checkpoint_config, load_model
+from litquant.generate import checkpoint_prompt_style, compile_next_token, set_kv_cache
+from litquant.load import LoadedModel, checkpoint_config, load_model
+
+# The KV cache of a compiled server: every request fills it from position 0, and attention reads only the filled
+# part, so its size bounds a request's prompt and answer, not the time a token takes (chat's cache).
+COMPILED_CACHE_POSITIONS = 4096
+
+
+def serving_llm(loaded: LoadedModel, checkpoint_dir: Path, compile: bool = False) -> LLM:
+    """litgpt's `LLM` over a model that `load_model` loaded, with the checkpoint's prompt style.
+
+    With `compile`, its decode step is litgpt's `next_token` under torch.compile with CUDA graphs, as in `litquant
+    chat --compile`: one KV cache of min(block size, COMPILED_CACHE_POSITIONS) positions for every request (litgpt's
+    `LLM` would otherwise resize the cache for longer requests, and each new cache is new memory for the graphs),
+    attention through FlexAttention over its filled part. A kernel that cannot compile runs eagerly, with a warning.
+    """
+    model, device = loaded.model, loaded.fabric.device
+    cache = {}
+    if compile:
+        model.clear_kv_cache()  # (a smaller one would be left in place, with a warning)
+        model.max_seq_length = min(loaded.config.block_size, COMPILED_CACHE_POSITIONS)
+        set_kv_cache(model, device)
+        compile_next_token(model, flex_decoding=True)
+        cache = dict(kv_cache_initialized=True, fixed_kv_cache_size=model.max_seq_length)
+    return LLM(model, Preprocessor(loaded.tokenizer, device=device), checkpoint_prompt_style(checkpoint_dir, loaded.config),
+               config=loaded.config, checkpoint_dir=checkpoint_dir, fabric=loaded.fabric, **cache)
 
 
 class LitquantLoading(BaseLitAPI):
@@ -26,15 +52,21 @@ class LitquantLoading(BaseLitAPI):
     class's own `setup` reaches this one through `super()` (the OpenAI class then reads the chat template)."""
 
     kernel: Optional[str] = None  # for quantized checkpoints and RTN on load; None: the checkpoint's
+    compile: bool = False
 
     def setup(self, device: str) -> None:
         loaded = load_model(self.checkpoint_dir, kernel=self.kernel, quantize=self.quantize, precision=self.precision,
                             device=device)
         print(f"loaded {self.checkpoint_dir} ({loaded.quantization}, kernel {loaded.kernel or '-'}) on {device} in "
               f"{loaded.load_seconds:.2f} s", file=sys.stderr)
-        self.llm = LLM(loaded.model, Preprocessor(loaded.tokenizer, device=loaded.fabric.device),
-                       checkpoint_prompt_style(self.checkpoint_dir, loaded.config), config=loaded.config,
-                       checkpoint_dir=self.checkpoint_dir, fabric=loaded.fabric)
+        self.llm = serving_llm(loaded, self.checkpoint_dir, compile=self.compile)
+        if self.compile:  # compile now, not in the first client's request: two prompt lengths, so that the second
+            # compiles the prefill for any length (dynamic shapes), with the sampling settings every request uses
+            t0 = time.perf_counter()
+            for prompt in ("Hi", "Hello, how are you today?"):
+                self.llm.generate(prompt, max_new_tokens=4, temperature=self.temperature, top_k=self.top_k,
+                                  top_p=self.top_p)
+            print(f"compiled the decode step in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
 
 class SimpleAPI(SimpleLitAPI, LitquantLoading):
@@ -65,6 +97,7 @@ def serve(
     openai_spec: bool = False,
     api_path: str = "/predict",
     timeout: int = 30,
+    compile: bool = False,
 ) -> None:
     """Serve a quantized (or ordinary) checkpoint over HTTP with LitServe, as `litgpt serve` does.
 
@@ -83,6 +116,8 @@ def serve(
         openai_spec: serve OpenAI-compatible `/v1/chat/completions` instead of `api_path`.
         api_path: the endpoint's path.
         timeout: seconds a request may wait.
+        compile: compile the decode step with torch.compile (CUDA graphs), at startup. Every request then shares one
+            KV cache of up to 4096 positions (its prompt and answer must fit) and attention reads only its filled part.
     """
     if not _LITSERVE_AVAILABLE:
         raise ImportError("litquant serve needs LitServe: pip install litserve")
@@ -96,7 +131,7 @@ def serve(
     api_class = OpenAIAPI if openai_spec else StreamAPI if stream else SimpleAPI
     api = api_class(checkpoint_dir, quantize=quantize, precision=precision, temperature=temperature, top_k=top_k,
                     top_p=top_p, max_new_tokens=max_new_tokens, devices=1, api_path=api_path)
-    api.kernel = kernel
+    api.kernel, api.compile = kernel, compile
     server = LitServer(api, spec=OpenAISpec() if openai_spec else None, accelerator=accelerator, devices=1,
                        stream=stream, timeout=timeout)
     server.run(port=port, generate_client_file=False)

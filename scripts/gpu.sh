@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine (run through the `device` tool, carrying .whl):
-#   bash scripts/gpu.sh [stage ...]      stages: build test sm80 kernels e2e chat gptq awq generate attention
+#   bash scripts/gpu.sh [stage ...]      stages: build test sm80 kernels e2e chat gptq awq generate serve attention
 #                                        (sm80: the marlin GPU tests on the Ampere build, LITQUANT_CUDA_ARCH=8.0)
 #                                        (default: build test kernels)
-# Installs the carried wheels, then runs each stage with its log (and JSON) under $OUT.
+# Installs the carried wheels, then runs each stage with its log (and JSON) under $OUT. LitServe and its dependencies
+# (the serve tests and stage) are not on the GPU machine either; to carry them in .whl/serve:
+#   python3 -m pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+#     --platform manylinux_2_28_x86_64 -d .whl/serve litserve httpx
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  $(ls .whl/serve/*.whl 2>/dev/null) \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
 export PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/litquant-out}
 mkdir -p "$OUT"
@@ -37,6 +41,7 @@ for stage in $stages; do
     gptq)    run gptq python3 benchmarks/quantize_speed.py --out_dir "$OUT" ${GPTQ_ARGS:-} ;;
     awq)     run awq python3 benchmarks/awq_speed.py --out "$OUT/awq_speed.json" ${AWQ_ARGS:-} ;;
     generate) run generate python3 benchmarks/generate_speed.py --out "$OUT/generate_speed.json" ${GENERATE_ARGS:-} ;;
+    serve)   run serve python3 benchmarks/serve_speed.py --out "$OUT/serve_speed.json" ${SERVE_ARGS:-} ;;
     attention) run attention python3 benchmarks/decode_attention.py ${ATTENTION_ARGS:---e2e} ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac

@@ -27,7 +27,7 @@ def started(monkeypatch, checkpoint_dir: Path, **options):
     """The server `serve` builds, started in this process as LitServe's own tests do (no port is opened)."""
     servers = []
     monkeypatch.setattr(litserve.LitServer, "run", lambda server, **_: servers.append(server))
-    serve(checkpoint_dir, top_k=1, max_new_tokens=NEW_TOKENS, accelerator="cpu", **options)
+    serve(checkpoint_dir, top_k=1, max_new_tokens=NEW_TOKENS, **{"accelerator": "cpu", **options})
     return wrap_litserve_start(servers[0])
 
 
@@ -56,3 +56,36 @@ def test_openai_chat_completions(quantized, monkeypatch):
 def test_serve_refuses_a_directory_that_is_not_a_checkpoint(tmp_path):
     with pytest.raises(FileNotFoundError, match="model_config.yaml"):
         serve(tmp_path, accelerator="cpu")
+
+
+def eager_and_compiled_answers(monkeypatch, capfd, checkpoint_dir: Path, prompts, **options) -> tuple:
+    """The simple endpoint's answers to `prompts`, from an eager server and then from one compiled at startup (in
+    that order: `--compile` swaps litgpt's `next_token` for the process)."""
+    import litgpt.generate.base as gen
+
+    monkeypatch.setattr(gen, "next_token", gen.next_token)  # restored afterwards
+    answers = []
+    for compile in (False, True):  # (a request may wait for the startup compile: LitServe's tests do not)
+        with started(monkeypatch, checkpoint_dir, compile=compile, timeout=600, **options) as server, \
+                TestClient(server.app) as client:
+            answers.append([client.post("/predict", json={"prompt": p}).json()["output"] for p in prompts])
+    assert "compiled the decode step" in capfd.readouterr().err
+    return tuple(answers)
+
+
+def test_compiled_server_answers_as_the_eager_one(quantized, monkeypatch, capfd):
+    """`--compile`: after its startup compile, requests of other lengths get the eager server's greedy text."""
+    eager, compiled = eager_and_compiled_answers(monkeypatch, capfd, quantized, ["hello", "the cat sat on the mat"])
+    assert compiled == eager
+
+
+@pytest.mark.gpu
+def test_compiled_server_on_gpu_answers_as_the_eager_one(tmp_path, monkeypatch, capfd):
+    """The same on the GPU, marlin (CUDA graphs; fp16, where a tiny random model's near-tied logits stay resolved)."""
+    from conftest import make_tiny_checkpoint
+
+    checkpoint = quantize(make_tiny_checkpoint(tmp_path / "ck", "llama_gpu"), tmp_path / "q", method="rtn", bits=4,
+                          group_size=64, kernel="marlin", device="cuda")
+    eager, compiled = eager_and_compiled_answers(monkeypatch, capfd, checkpoint, ["hello", "the cat sat on the mat"],
+                                                 accelerator="cuda", precision="16-true")
+    assert compiled == eager
