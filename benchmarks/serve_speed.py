@@ -10,7 +10,6 @@ two programs round differently, and a random model's near-tied logits then flip 
 
     python benchmarks/serve_speed.py --variant marlin --out benchmarks/results/serve-speed.json
 """
-import argparse
 import json
 import sys
 import tempfile
@@ -36,6 +35,15 @@ PROMPT = "What do llamas eat?"
 
 def main(variant: str = "marlin", model_name: str = "Llama-2-7b-hf", new_tokens: int = 200, reps: int = 3,
          out: Path = None) -> None:
+    """Time `reps` requests of `new_tokens` tokens to an eager server and to a compiled one (see the module's docstring).
+
+    Args:
+        variant: the quantized kernel (marlin, triton, torch) or bf16.
+        model_name: a litgpt model name, for the shapes.
+        new_tokens: tokens a request asks for.
+        reps: timed requests per server, after a first one.
+        out: write the results as JSON here.
+    """
     config = Config.from_name(model_name)
     model = build(config, variant).eval()
     with tempfile.TemporaryDirectory() as directory:
@@ -73,11 +81,6 @@ def main(variant: str = "marlin", model_name: str = "Llama-2-7b-hf", new_tokens:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variant", default="marlin")
-    parser.add_argument("--model_name", default="Llama-2-7b-hf")
-    parser.add_argument("--new_tokens", type=int, default=200)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-    main(args.variant, args.model_name, new_tokens=args.new_tokens, reps=args.reps, out=args.out)
+    from jsonargparse import CLI
+
+    CLI(main, as_positional=False)
