@@ -87,6 +87,22 @@ def set_kv_cache(model, device: torch.device) -> None:
     model.set_kv_cache(batch_size=1, device=device, dtype=model.transformer.wte.weight.dtype)
 
 
+# The KV cache of `chat` and of `serve --compile`: every turn or request fills it from position 0, and compiled
+# attention reads only its filled part, so its size bounds a turn's prompt and answer, not the time a token takes.
+SHARED_CACHE_POSITIONS = 4096
+
+
+def set_shared_kv_cache(model, config: Config, device: torch.device, compile: bool) -> None:
+    """One KV cache of min(block size, SHARED_CACHE_POSITIONS) positions for every turn or request; with `compile`,
+    the decode step compiled with its one-token attention through FlexAttention over the filled part of the cache
+    (`litquant.attention`), which a turn fills only to its prompt and answer."""
+    model.clear_kv_cache()  # (with a smaller cache in place, litgpt would keep it and warn)
+    model.max_seq_length = min(config.block_size, SHARED_CACHE_POSITIONS)
+    set_kv_cache(model, device)
+    if compile:
+        compile_next_token(model, flex_decoding=True)
+
+
 @torch.inference_mode()
 def decode(model, prompt: torch.Tensor, max_new_tokens: int, *, eos_id: Optional[int] = None,
            readback_every: int = READBACK_EVERY, **sample_kwargs) -> Iterator[List[int]]:
@@ -228,12 +244,8 @@ def chat(
 
     loaded = load_model(checkpoint_dir, kernel=kernel, quantize=quantize, precision=precision, device=device)
     model, tokenizer = loaded.model, loaded.tokenizer
-    model.max_seq_length = min(loaded.config.block_size, 4096)
-    set_kv_cache(model, loaded.fabric.device)
-    if compile:
-        # litgpt's chat starts every turn at position 0 of this cache (it does not carry the conversation over), so
-        # a turn fills only its prompt and answer of the 4096 positions: FlexAttention's case (litquant/attention.py)
-        compile_next_token(model, flex_decoding=True)
+    # litgpt's chat starts every turn at position 0 of the cache (it does not carry the conversation over)
+    set_shared_kv_cache(model, loaded.config, loaded.fabric.device, compile=compile)
     style = checkpoint_prompt_style(Path(checkpoint_dir), loaded.config)
     print(f"Now chatting with {loaded.config.name} ({loaded.quantization}, kernel {loaded.kernel or '-'}).\n"
           "To exit, press 'Enter' on an empty prompt.\n")

@@ -17,32 +17,24 @@ from litgpt.constants import _LITSERVE_AVAILABLE
 from litgpt.deploy.serve import BaseLitAPI, OpenAISpecLitAPI, SimpleLitAPI, StreamLitAPI
 
 from litquant.config import QuantizeConfig, is_quantized_checkpoint
-from litquant.generate import checkpoint_prompt_style, compile_next_token, set_kv_cache
+from litquant.generate import checkpoint_prompt_style, set_shared_kv_cache
 from litquant.load import LoadedModel, checkpoint_config, load_model
-
-# The KV cache of a compiled server: every request fills it from position 0, and attention reads only the filled
-# part, so its size bounds a request's prompt and answer, not the time a token takes (chat's cache).
-COMPILED_CACHE_POSITIONS = 4096
-
 
 def serving_llm(loaded: LoadedModel, checkpoint_dir: Path, compile: bool = False) -> LLM:
     """litgpt's `LLM` over a model that `load_model` loaded, with the checkpoint's prompt style.
 
-    With `compile`, its decode step is litgpt's `next_token` under torch.compile with CUDA graphs, as in `litquant
-    chat --compile`: one KV cache of min(block size, COMPILED_CACHE_POSITIONS) positions for every request (litgpt's
-    `LLM` would otherwise resize the cache for longer requests, and each new cache is new memory for the graphs),
-    attention through FlexAttention over its filled part. A kernel that cannot compile runs eagerly, with a warning.
+    With `compile`, its decode step is litgpt's `next_token` under torch.compile with CUDA graphs, on chat's cache
+    (`litquant.generate.set_shared_kv_cache`): one cache for every request, where litgpt's `LLM` would resize it for
+    longer requests (each new cache is new memory for the graphs). A kernel that cannot compile runs eagerly, with a
+    warning.
     """
-    model, device = loaded.model, loaded.fabric.device
     cache = {}
     if compile:
-        model.clear_kv_cache()  # (a smaller one would be left in place, with a warning)
-        model.max_seq_length = min(loaded.config.block_size, COMPILED_CACHE_POSITIONS)
-        set_kv_cache(model, device)
-        compile_next_token(model, flex_decoding=True)
-        cache = dict(kv_cache_initialized=True, fixed_kv_cache_size=model.max_seq_length)
-    return LLM(model, Preprocessor(loaded.tokenizer, device=device), checkpoint_prompt_style(checkpoint_dir, loaded.config),
-               config=loaded.config, checkpoint_dir=checkpoint_dir, fabric=loaded.fabric, **cache)
+        set_shared_kv_cache(loaded.model, loaded.config, loaded.fabric.device, compile=True)
+        cache = dict(kv_cache_initialized=True, fixed_kv_cache_size=loaded.model.max_seq_length)
+    return LLM(loaded.model, Preprocessor(loaded.tokenizer, device=loaded.fabric.device),
+               checkpoint_prompt_style(checkpoint_dir, loaded.config), config=loaded.config,
+               checkpoint_dir=checkpoint_dir, fabric=loaded.fabric, **cache)
 
 
 class LitquantLoading(BaseLitAPI):
