@@ -369,8 +369,10 @@ def test_gpu_decode_shallow_ring_every_group(dtype, group_size, sym):
     """decode.cu streams the weights through the shallow ring (kShallowRing tiles, each refilled part-way through a
     chunk from the next one) where the grid is large: at M = 9..16 28672 x 8192 (70B-down: 4 splits, 512 blocks,
     90% of a wave of 4 blocks an SM or more) and at M = 9..32 4096 x 57344 (896 blocks, two waves of 3 blocks an SM
-    at four token blocks); 4096 x 12288 (7B-qkv: 384 blocks) keeps the deep ring. Every group size, with and
-    without zero points."""
+    at four token blocks); at M = 1..8 8192 x 10240 (70B-qkv: 640 blocks, one wave of 5 blocks an SM on an H200);
+    4096 x 12288 (7B-qkv: 384 blocks) keeps the deep ring. Every group size, with and without zero points."""
+    qkv = random_quantized_weight(8192, 10240, group_size, sym=sym, act_order=group_size == 64, device="cuda")
+    check_rows(qkv, dtype, (1, 3, 8))
     down = random_quantized_weight(28672, 8192, group_size, sym=sym, act_order=group_size == 32, device="cuda")
     check_rows(down, dtype, (9, 12, 16))
     wide = random_quantized_weight(4096, 57344, group_size, sym=sym, act_order=group_size == 32, device="cuda")

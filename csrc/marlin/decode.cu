@@ -2,7 +2,7 @@
 // speculative drafts), on the same 4-bit marlin layout as marlin.cu. At these sizes a layer is a
 // stream of weight bytes: what counts is the bytes in flight and the instructions per weight, so the
 // weights go from global memory straight into registers (no shared-memory staging, no block barriers
-// in the loop), at 16 warps per SM (two token blocks: 12, or 16 with kShallowRing; four: 8, or 12 with it).
+// in the loop), at 16 warps per SM (20 with kShallowRing; two token blocks: 12, or 16 with it; four: 8, or 12).
 //
 // The multiplication (TokensOnTensorCores) runs on mma.sync with the tokens as the B operand, 8 tokens an
 // instruction, one, two or four blocks of 8: the codes go into the mma unscaled (a lop3 a pair, most after a
@@ -10,13 +10,13 @@
 // Work split: a block of kWarps warps (8 where `plan_decode` widens it) takes one 64-column tile and one of
 //   `splits` k ranges; its warps take consecutive 128-row chunks of that range. A warp streams its chunks
 //   through a ring of 8 registers (uint4), each refilled with the next chunk's tile as soon as it is read:
-//   4 KB a warp in flight, 64 KB an SM at 4 blocks (at M = 9..32 on large grids a ring of 4: kShallowRing; a
+//   4 KB a warp in flight, 64 KB an SM at 4 blocks (on some grids a ring of 4: kShallowRing, see plan_decode; a
 //   deeper ring, 8-16 tiles in shared memory filled by cp.async, was slower on nearly every layer, by up to 22%:
 //   benchmarks/results/2026-12-01-decode-streaming.md).
 //   Warps add up through shared memory; with several splits, each block writes fp32 partial sums and
 //   the last block of a column tile to finish (counted on its lock, which it then resets to zero) adds
-//   them up and writes the output; on Hopper, 2 splits are a cluster of 2 blocks that add up each other's
-//   sums straight from shared memory (distributed shared memory), with no global round trips. A grid
+//   them up and writes the output; on Hopper, 2 splits are a cluster of 2 blocks, the second of which writes
+//   its sums straight into the first's shared memory (distributed shared memory), with no global round trips. A grid
 //   that fills the GPU is launched as a dependent of the kernel ahead (common.cuh): each warp's first
 //   chunk of weights is on its way before it waits for that kernel.
 #include <type_traits>
@@ -46,11 +46,15 @@ constexpr int kMaxRows = 32;    // four blocks of 8 tokens
 //   fp16 6-7%; 70B-down, 7B-down and the 70B attention output 0-4%; on grids under 3/4 of a wave 7B-qkv 3-8%
 //   more, 70B-qkv 0-3%, so those keep the deep ring;
 // - four (2026-12-03-decode-four-blocks-ring4.md): 70B-up (896 blocks, 2.3 waves) M = 24 / 32 bf16 4% / 3% less,
-//   fp16 7% / 5%; 28672 columns (448 blocks, 1.1 waves) bf16 3% more, fp16 level, so that one keeps the deep ring.
+//   fp16 7% / 5%; 28672 columns (448 blocks, 1.1 waves) bf16 3% more, fp16 level, so that one keeps the deep ring;
+// - one (2026-12-04-decode-timeline.md): 96 registers a thread for a fifth block an SM (no spills at g128; bf16 with
+//   zero points spills 8-12 bytes at g32 / g64). plan_decode takes it only where that turns the grid's second, part
+//   wave into one wave: 70B-qkv (640 blocks) at M = 1 15.97 -> 14.61 us; on grids planned for it otherwise, 70B-up
+//   was 4% slower, 7B-up and 7B-down 6-10% (their splits changed too).
 constexpr int kShallowRing = 4;
 constexpr int blocks_per_sm(int rows, int ring_tiles = kChunkTiles) {
   const bool shallow = ring_tiles < kChunkTiles;
-  return rows <= 8 ? 4 : rows <= 16 ? 3 + shallow : 2 + shallow;
+  return rows <= 8 ? 4 + shallow : rows <= 16 ? 3 + shallow : 2 + shallow;
 }
 
 // 16 bytes read once (not kept in L1), if `valid`; else nothing is read and the value is undefined.
@@ -346,24 +350,54 @@ __device__ __forceinline__ void stream_chunks(Multiplier& math, const GemmArgs& 
   }
 }
 
-// Distributed shared memory (sm_90 on): a block cluster's blocks read each other's shared memory.
-__device__ __forceinline__ void cluster_sync() {
+// Distributed shared memory (sm_90 on): the blocks of a cluster write into each other's shared memory, and count
+// those writes on an mbarrier of the receiving block.
+__device__ __forceinline__ void cluster_arrive_relaxed() {  // every thread of every block of the cluster, once
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
 #endif
 }
-__device__ __forceinline__ float2 load_from_block(const float* local, int rank) {  // at `local` in block `rank`
-  float2 v = make_float2(0.f, 0.f);
+__device__ __forceinline__ void cluster_wait() {  // until every thread of the cluster has arrived
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_address(local)), "r"(rank));
-  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(remote) : "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 #endif
-  return v;
+}
+__device__ __forceinline__ uint32_t address_in_block(const void* local, int rank) {  // `local`'s place in block `rank`
+  uint32_t remote = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_address(local)), "r"(rank));
+#endif
+  return remote;
+}
+__device__ __forceinline__ void store_to_block(uint32_t remote, float2 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(remote), "f"(v.x), "f"(v.y) : "memory");
+#endif
+}
+__device__ __forceinline__ void init_counter(uint64_t* bar, int count) {  // an mbarrier that other blocks arrive on
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count));
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void arrive_in_block(uint32_t remote_bar) {  // releases this thread's writes before it
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar) : "memory");
+#endif
+}
+__device__ __forceinline__ void wait_counter(uint64_t* bar) {  // its first phase, acquiring the arrivals' writes
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t done;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(smem_address(bar)) : "memory");
+  } while (!done);
+#endif
 }
 
 // A block's shared memory: the warps' staging while they stream, then their sums (dynamic: 68 KB with four
-// token blocks).
+// token blocks). A clustered launch adds kRows x 64 floats past it, where the other block of the cluster puts its sums.
 template <typename Multiplier, int kBlockWarps>
 union DecodeShared {
   typename Multiplier::Staging staging[kBlockWarps];
@@ -378,9 +412,15 @@ __global__ void __launch_bounds__(kBlockWarps * 32, Multiplier::kBlocksPerSm * k
   extern __shared__ uint4 dynamic_shared[];
   using Shared = DecodeShared<Multiplier, kBlockWarps>;
   Shared& shared = *reinterpret_cast<Shared*>(dynamic_shared);
+  float(&pushed)[Multiplier::kRows][64] = *reinterpret_cast<float(*)[Multiplier::kRows][64]>(&shared + 1);
   __shared__ bool last_block;
+  __shared__ uint64_t pushed_count;  // (clustered) block 0 of the cluster: block 1's threads, once they have pushed
   allow_dependent_launch();
   const int column_tile = blockIdx.x, split = blockIdx.y, warp = threadIdx.x / 32, t = threadIdx.x;
+  if (clustered) {  // block 1 may push only once block 0's counter is set up: cluster_wait below
+    if (split == 0 && t == 0) init_counter(&pushed_count, kBlockWarps * 32);
+    cluster_arrive_relaxed();
+  }
   const int chunks = args.K / (kChunkTiles * 16);
   // warp w of split y takes the (y * kBlockWarps + w)-th of splits * kBlockWarps near-equal runs of chunks
   const int runs = splits * kBlockWarps, run = split * kBlockWarps + warp;
@@ -415,24 +455,24 @@ __global__ void __launch_bounds__(kBlockWarps * 32, Multiplier::kBlocksPerSm * k
     for (int i = t; i < pairs; i += kBlockWarps * 32) write(i, warp_sum(i));
     return;
   }
-  if (clustered) {  // the splits of this column tile are one cluster, block `split` its rank
-    // Each block adds up its warps' sums (into warp 0's place), then takes its share of the tile's pairs
-    // and adds up the blocks' sums in rank order, reading them from their shared memory. The second
-    // barrier keeps every block's shared memory alive until the others have read it.
-    for (int i = t; i < pairs; i += kBlockWarps * 32) {
-      const float2 total = warp_sum(i);
-      shared.sums[0][i / 32][2 * (i % 32)] = total.x, shared.sums[0][i / 32][2 * (i % 32) + 1] = total.y;
+  if (clustered) {  // the two splits of this column tile are one cluster, block `split` its rank
+    // Block 1 writes its sums straight into block 0's shared memory (`pushed`, outside the staging that block 0 may
+    // still stream through), each thread releasing its writes on block 0's counter, and ends; block 0 adds them to
+    // its own and writes the output. (Before: both blocks met at a cluster barrier, each read its share of the
+    // other's sums, and met again so that neither ended while read: 2026-12-04-decode-timeline.md.)
+    cluster_wait();
+    if (split == 1) {
+      for (int i = t; i < pairs; i += kBlockWarps * 32)
+        store_to_block(address_in_block(&pushed[i / 32][2 * (i % 32)], 0), warp_sum(i));
+      arrive_in_block(address_in_block(&pushed_count, 0));
+      return;
     }
-    cluster_sync();
-    for (int i = pairs * split / splits + t; i < pairs * (split + 1) / splits; i += kBlockWarps * 32) {
-      float2 total = make_float2(0.f, 0.f);
-      for (int rank = 0; rank < splits; ++rank) {
-        const float2 v = load_from_block(&shared.sums[0][i / 32][2 * (i % 32)], rank);
-        total.x += v.x, total.y += v.y;
-      }
+    wait_counter(&pushed_count);
+    for (int i = t; i < pairs; i += kBlockWarps * 32) {
+      float2 total = warp_sum(i);
+      total.x += pushed[i / 32][2 * (i % 32)], total.y += pushed[i / 32][2 * (i % 32) + 1];
       write(i, total);
     }
-    cluster_sync();
     return;
   }
   float2* partial = reinterpret_cast<float2*>(args.partial);
@@ -500,13 +540,16 @@ bool decode_launch_dependent(const DeviceInfo& device, int per_sm, int blocks) {
 // 7B-qkv (2 splits) 6-15% faster (M = 1 11.8 -> 10.9 us, M = 16 17.2 -> 14.6); clusters of 4 and 8 were up to
 // 27% slower where the grid is about one wave (70B-down M = 1 38.2 -> 45.5 us, 7B-down 11.1 -> 13.2), level on
 // 70B-qkv (1.2 waves), presumably as fewer blocks fit at once when the blocks of a cluster must be placed together.
+// Timed per block (%globaltimer, 2026-12-04-decode-timeline.md), the sum of a column tile's splits ended 1.5-1.6 us
+// after its slower split had streamed its weights, on clusters (two cluster barriers, a read of the other block's
+// sums between them) and on the lock path alike; the second block now pushes its sums into the first's shared
+// memory and ends (one counter, no second barrier): M = 1 7B-qkv 10.1 -> 9.85 us, 4096 x 4096 6.18 -> 5.85.
 bool decode_clustered(const DeviceInfo& device, int splits) {
   return device.major >= 9 && splits == 2;
 }
 
 // How a layer runs on this GPU: its k splits, whether the grid is a programmatic dependent of the kernel ahead,
-// whether the splits add up in a cluster, and (two or four token blocks) whether the warps stream through
-// kShallowRing.
+// whether the splits add up in a cluster, and whether the warps stream through kShallowRing.
 struct DecodePlan {
   int splits;
   bool dependent, clustered;
@@ -524,7 +567,11 @@ struct DecodePlan {
 DecodePlan plan_decode(const DeviceInfo& device, int M, int K, int N) {
   int per_sm = blocks_per_sm(M), splits = decode_splits(device, M, K, N, per_sm), warps = kWarps;
   bool shallow_ring = false;
-  if (M > 8) {  // two or four token blocks: the shallow ring where its grid fills 90% of a wave, or two waves
+  if (M <= 8) {  // one token block: the shallow ring where its fifth block an SM makes a grid of 1-1.25 waves one wave
+    const int blocks = N / 64 * splits, shallow_per_sm = blocks_per_sm(M, kShallowRing);
+    if (blocks > per_sm * device.sms && blocks <= shallow_per_sm * device.sms)
+      per_sm = shallow_per_sm, shallow_ring = true;
+  } else {  // two or four token blocks: the shallow ring where its grid fills 90% of a wave, or two waves
     const int shallow_per_sm = blocks_per_sm(M, kShallowRing);
     const int shallow_splits = decode_splits(device, M, K, N, shallow_per_sm);
     const int tenths_of_a_wave = M <= 16 ? 9 : 20;
@@ -532,7 +579,7 @@ DecodePlan plan_decode(const DeviceInfo& device, int M, int K, int N) {
       per_sm = shallow_per_sm, splits = shallow_splits, shallow_ring = true;
   }
   const int blocks = N / 64 * splits, most_on_an_sm = (blocks + device.sms - 1) / device.sms;
-  if (device.major >= 9 && M <= 8 && splits == 4 && blocks <= per_sm * device.sms &&
+  if (device.major >= 9 && M <= 8 && !shallow_ring && splits == 4 && blocks <= per_sm * device.sms &&
       2 * ((blocks / 2 + device.sms - 1) / device.sms) <= most_on_an_sm)
     splits = 2, warps = 8;  // (the same warps: `blocks` still counts them in blocks of kWarps)
   return {splits, decode_launch_dependent(device, per_sm, blocks), decode_clustered(device, splits), warps,
@@ -543,18 +590,21 @@ template <typename Multiplier, int kGroupTiles, int kBlockWarps>
 const char* launch_blocks(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
   const auto kernel = marlin_decode_kernel<Multiplier, kGroupTiles, kBlockWarps>;
   constexpr int kSmem = sizeof(DecodeShared<Multiplier, kBlockWarps>);
+  constexpr int kPushed = Multiplier::kRows * 64 * sizeof(float);  // (clustered) the other block's sums
+  const int smem = kSmem + (plan.clustered ? kPushed : 0);
   cudaError_t err = cudaSuccess;
-  if constexpr (kSmem > 48 * 1024)  // past the default limit of dynamic shared memory: four token blocks
-    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if constexpr (kSmem + kPushed > 48 * 1024)  // past the default limit of dynamic shared memory: four token blocks
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem + kPushed);
   if (err == cudaSuccess)
-    err = launch_dependent(kernel, dim3(args.N / 64, plan.splits), dim3(kBlockWarps * 32), kSmem, stream,
+    err = launch_dependent(kernel, dim3(args.N / 64, plan.splits), dim3(kBlockWarps * 32), smem, stream,
                            plan.dependent, plan.clustered ? plan.splits : 1, args, plan.splits, plan.clustered);
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
 template <typename Multiplier, int kGroupTiles>
 const char* launch(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
-  if constexpr (Multiplier::kRows == 8)  // (wide blocks: one token block only)
+  // (wide blocks: one token block, deep ring)
+  if constexpr (Multiplier::kRows == 8 && Multiplier::kRingTiles == kChunkTiles)
     if (plan.warps == 8) return launch_blocks<Multiplier, kGroupTiles, 8>(args, plan, stream);
   return launch_blocks<Multiplier, kGroupTiles, kWarps>(args, plan, stream);
 }
@@ -583,7 +633,7 @@ const char* dispatch_ring(const GemmArgs& args, const DecodePlan& plan, cudaStre
 
 template <typename T>
 const char* dispatch_rows(const GemmArgs& args, const DecodePlan& plan, cudaStream_t stream) {
-  if (args.M <= 8) return dispatch_zeros<T, 1>(args, plan, stream);
+  if (args.M <= 8) return dispatch_ring<T, 1>(args, plan, stream);
   return args.M <= 16 ? dispatch_ring<T, 2>(args, plan, stream) : dispatch_ring<T, 4>(args, plan, stream);
 }
 
