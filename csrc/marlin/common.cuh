@@ -101,6 +101,17 @@ __device__ __forceinline__ void allow_dependent_launch() {
 #endif
 }
 
+// An mbarrier of this block expecting `count` arrivals a phase; fence_barrier_init makes the inits of this thread
+// visible to the cluster (sm_90 on), before other threads or blocks arrive on them.
+__device__ __forceinline__ void init_barrier(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count));
+}
+__device__ __forceinline__ void fence_barrier_init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+
 template <typename To, typename From>
 __device__ __forceinline__ To bit_cast(From v) {
   static_assert(sizeof(To) == sizeof(From), "bit_cast needs equal sizes");

@@ -374,12 +374,6 @@ __device__ __forceinline__ void store_to_block(uint32_t remote, float2 v) {
   asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(remote), "f"(v.x), "f"(v.y) : "memory");
 #endif
 }
-__device__ __forceinline__ void init_counter(uint64_t* bar, int count) {  // an mbarrier that other blocks arrive on
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count));
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#endif
-}
 __device__ __forceinline__ void arrive_in_block(uint32_t remote_bar) {  // releases this thread's writes before it
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar) : "memory");
@@ -418,7 +412,7 @@ __global__ void __launch_bounds__(kBlockWarps * 32, Multiplier::kBlocksPerSm * k
   allow_dependent_launch();
   const int column_tile = blockIdx.x, split = blockIdx.y, warp = threadIdx.x / 32, t = threadIdx.x;
   if (clustered) {  // block 1 may push only once block 0's counter is set up: cluster_wait below
-    if (split == 0 && t == 0) init_counter(&pushed_count, kBlockWarps * 32);
+    if (split == 0 && t == 0) init_barrier(&pushed_count, kBlockWarps * 32), fence_barrier_init();
     cluster_arrive_relaxed();
   }
   const int chunks = args.K / (kChunkTiles * 16);

@@ -128,10 +128,7 @@ struct WgTile {
 // ---------------------------------------------------------------------------------------------
 // mbarriers and bulk copies (the Hopper copy engine: async proxy, completion counted in bytes)
 // ---------------------------------------------------------------------------------------------
-__device__ __forceinline__ void init_barrier(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count));
-}
-__device__ __forceinline__ void fence_barrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// (init_barrier and fence_barrier_init: common.cuh)
 __device__ __forceinline__ void arrive_barrier(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
 }
