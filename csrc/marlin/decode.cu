@@ -116,10 +116,12 @@ __device__ __forceinline__ GroupParams load_group_params(const GemmArgs& args, i
 // 7-10% on the wide ones, where with one token block it cost 0-4% more (the kernel is memory bound there, and its
 // ALU work grows). bf16 biased at p = 0 with two or four token blocks, 8% and 3% fewer instructions than centered,
 // was 1-3% slower at M = 16 and 3-11% at M = 32: the mma of the sums cost more than the adds they replace
-// (2026-12-02-decode-one-block-sums.md). Products of fp16/bf16 values are exact in fp32; the bias costs a few of
-// the 24 bits of the sums, below the output's rounding: 16 units of q for fp16, 128 for bf16, whose output is 8
-// times coarser (a bias of 1024 units, fp16 at p = 0, made fp16 errors 1.6-3.4x the torch reference's on
-// activations of mean 3).
+// (2026-12-02-decode-one-block-sums.md); again 1.5-6% slower with the 4-tile ring at 4 blocks an SM, and so with one
+// mma a tile for both token blocks' sums (their B fragments are the tokens' A fragment), although the centering alone
+// costs 7-10% of M = 16's time (2026-12-04-decode-clusters-prefetch.md). Products of fp16/bf16 values are exact in
+// fp32; the bias costs a few of the 24 bits of the sums, below the output's rounding: 16 units of q for fp16, 128 for
+// bf16, whose output is 8 times coarser (a bias of 1024 units, fp16 at p = 0, made fp16 errors 1.6-3.4x the torch
+// reference's on activations of mean 3).
 // The sums stay in the units of the group being multiplied: while group g runs, acc holds (the sums of the
 // groups before) / s_g, and its mma add D_g straight into acc; at its end
 //     acc <- (s_g / s_g+1) (acc - (2^m + 2^p z_g) S)        (centered: acc <- (s_g / s_g+1) acc)
@@ -538,6 +540,8 @@ bool decode_launch_dependent(const DeviceInfo& device, int per_sm, int blocks) {
 // after its slower split had streamed its weights, on clusters (two cluster barriers, a read of the other block's
 // sums between them) and on the lock path alike; the second block now pushes its sums into the first's shared
 // memory and ends (one counter, no second barrier): M = 1 7B-qkv 10.1 -> 9.85 us, 4096 x 4096 6.18 -> 5.85.
+// The same push for 4 and 8 splits was 16-30% slower where the driver cannot run all the grid's clusters at once
+// (70B-qkv: 154 of 160 clusters of 4) and within +-5% elsewhere (2026-12-04-decode-clusters-prefetch.md).
 bool decode_clustered(const DeviceInfo& device, int splits) {
   return device.major >= 9 && splits == 2;
 }
