@@ -20,7 +20,7 @@ import json
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import torch
 from litgpt.config import Config
@@ -136,47 +136,61 @@ def category(kernel_name: str) -> str:
     return next((name for name, keys in CATEGORIES if any(k in kernel_name for k in keys)), "other")
 
 
+def own_times(intervals: List[Tuple[float, float]]) -> List[float]:
+    """Each (start, end) interval's own time: the part of it after every interval that started before it has ended.
+
+    The own times add up to the union of the intervals, the GPU's busy time. A kernel launched as a programmatic
+    dependent starts while the kernel ahead still runs and waits for it: its recorded time holds that wait, its own
+    time is what it adds after the kernel ahead has ended. (Intervals that start together: the longer one first.)"""
+    order = sorted(range(len(intervals)), key=lambda i: (intervals[i][0], -intervals[i][1]))
+    own, busy_until = [0.0] * len(intervals), float("-inf")
+    for i in order:
+        start, end = intervals[i]
+        own[i] = max(0.0, end - max(start, busy_until))
+        busy_until = max(busy_until, end)
+    return own
+
+
 def profile_decode(decode: Callable[[int], float], tokens: int, trace: Path) -> Dict:
-    """Decode `tokens` tokens under torch.profiler: GPU microseconds and kernels per token by category, the GPU's
-    busy time against the wall time of a token, and the 15 kernels that take the most time."""
+    """Decode `tokens` tokens under torch.profiler: per category and per kernel, the kernels a token, their recorded
+    GPU microseconds and their own (`own_times`: what each adds to the GPU's busy time); the GPU's busy time against
+    the wall time of a token; the 15 kernels of the most own time."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         wall = decode(tokens)
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    per_category: Dict[str, List[float]] = defaultdict(lambda: [0.0, 0])
-    per_kernel: Dict[str, List[float]] = defaultdict(lambda: [0.0, 0])
-    for e in kernels:
-        us = e.time_range.elapsed_us()
+    own = own_times([(e.time_range.start, e.time_range.end) for e in kernels])
+    per_category: Dict[str, List[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    per_kernel: Dict[str, List[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+    for e, own_us in zip(kernels, own):
         for table in (per_category[category(e.name)], per_kernel[e.name]):
-            table[0] += us / tokens
-            table[1] += 1 / tokens
-    # The GPU's busy time is the union of the kernels' intervals: a kernel launched as a programmatic dependent
-    # starts while the one ahead ends and waits in it, so its time overlaps the other's and the sum overstates.
-    busy, busy_until = 0.0, float("-inf")
-    for start, end in sorted((e.time_range.start, e.time_range.end) for e in kernels):
-        busy += max(0.0, end - max(start, busy_until))
-        busy_until = max(busy_until, end)
-    top = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:15]
-    trace.write_text(json.dumps([{"name": n, "us_per_token": us, "per_token": c} for n, (us, c) in
-                                 sorted(per_kernel.items(), key=lambda kv: -kv[1][0])], indent=1))
-    return {"wall_us_per_token": 1e6 * wall / tokens, "gpu_busy_us_per_token": busy / tokens,
-            "kernel_us_per_token": sum(us for us, _ in per_category.values()),
-            "categories": {k: {"us": us, "kernels": c} for k, (us, c) in sorted(per_category.items(),
-                                                                                key=lambda kv: -kv[1][0])},
-            "top_kernels": [{"name": n[:120], "us": us, "per_token": c} for n, (us, c) in top]}
+            table[0] += e.time_range.elapsed_us() / tokens
+            table[1] += own_us / tokens
+            table[2] += 1 / tokens
+    by_own = lambda kv: -kv[1][1]  # noqa: E731
+    trace.write_text(json.dumps([{"name": n, "us_per_token": us, "own_us_per_token": o, "per_token": c}
+                                 for n, (us, o, c) in sorted(per_kernel.items(), key=by_own)], indent=1))
+    return {"wall_us_per_token": 1e6 * wall / tokens, "gpu_busy_us_per_token": sum(own) / tokens,
+            "kernel_us_per_token": sum(us for us, _, _ in per_category.values()),
+            "categories": {k: {"us": us, "own_us": o, "kernels": c}
+                           for k, (us, o, c) in sorted(per_category.items(), key=by_own)},
+            "top_kernels": [{"name": n[:120], "us": us, "own_us": o, "per_token": c}
+                            for n, (us, o, c) in sorted(per_kernel.items(), key=by_own)[:15]]}
 
 
 def print_profile(variant: str, p: Dict) -> None:
     print(f"{variant}: {p['wall_us_per_token']:.0f} us a token (wall), "
-          f"the GPU busy {p['gpu_busy_us_per_token']:.0f} us; the kernels' times add up to "
-          f"{p['kernel_us_per_token']:.0f} us (a programmatic dependent's time counts its wait for the kernel ahead)")
+          f"the GPU busy {p['gpu_busy_us_per_token']:.0f} us; the kernels' recorded times add up to "
+          f"{p['kernel_us_per_token']:.0f} us (a programmatic dependent's counts its wait for the kernel ahead; "
+          f"'own' is what each adds to the busy time)")
     if not p["categories"]:
         print("    the profiler recorded no GPU kernels (if CUDA graphs hid them, try --compile no)")
     for name, c in p["categories"].items():
-        print(f"    {name:18} {c['us']:8.1f} us  {c['kernels']:6.1f} kernels a token")
+        print(f"    {name:18} own {c['own_us']:8.1f} us  recorded {c['us']:8.1f} us  "
+              f"{c['kernels']:6.1f} kernels a token")
     for k in p["top_kernels"]:
-        print(f"      {k['us']:8.1f} us  x{k['per_token']:5.1f}  {k['name']}")
+        print(f"      own {k['own_us']:8.1f} us  recorded {k['us']:8.1f} us  x{k['per_token']:5.1f}  {k['name']}")
 
 
 def main() -> None:
