@@ -23,10 +23,10 @@ def test_gpu_kernel_benchmark_times_every_cell(tmp_path):
     assert "| 256 |" in (tmp_path / "kernels.md").read_text()
 
 
-def test_own_times_split_the_busy_time_between_overlapping_kernels():
+def test_own_times_split_the_busy_time_between_overlapping_kernels(monkeypatch):
     """e2e_decode's profile: a programmatic dependent (started during the kernel ahead, waiting in it) owns only what
     it adds after that kernel ends; the own times add up to the union of the intervals, and gaps are nobody's."""
-    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "benchmarks"))
     from e2e_decode import own_times
 
     primary, dependent, next_one, alone, inside = (0, 10), (2, 15), (15, 16), (20, 22), (21, 21.5)
