@@ -168,7 +168,10 @@ def profile_decode(decode: Callable[[int], float], tokens: int, trace: Path) -> 
             table[0] += e.time_range.elapsed_us() / tokens
             table[1] += own_us / tokens
             table[2] += 1 / tokens
-    by_own = lambda kv: -kv[1][1]  # noqa: E731
+
+    def by_own(item):  # (name, [recorded, own, count]): the most own time first
+        return -item[1][1]
+
     trace.write_text(json.dumps([{"name": n, "us_per_token": us, "own_us_per_token": o, "per_token": c}
                                  for n, (us, o, c) in sorted(per_kernel.items(), key=by_own)], indent=1))
     return {"wall_us_per_token": 1e6 * wall / tokens, "gpu_busy_us_per_token": sum(own) / tokens,
