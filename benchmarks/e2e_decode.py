@@ -31,7 +31,7 @@ from litquant.attention import use_flex_decoding
 from litquant.config import QuantizeConfig
 from litquant.demo import model_bytes
 from litquant.fuse import fuse_gate_up
-from litquant.generate import compile_options, set_kv_cache
+from litquant.generate import compile_options, mark_quantized_layers_after_small_kernels, set_kv_cache
 from litquant.precision import QuantizedPrecision
 from litquant.quantize.quantizer import rtn_quantize
 
@@ -90,11 +90,14 @@ def decoder(model: GPT, compile: bool, max_tokens: int, prompt_len: int = 16, ca
     decodes n more tokens (n in all at most `max_tokens`) and returns the seconds they took. The KV cache holds
     `cache` positions (at least the prompt, the tokens and 8 more). Compiled, the one-token attention is litgpt's
     SDPA, as in `litquant generate --compile`, or with `flex` FlexAttention over the filled part of the cache, as in
-    `litquant chat --compile` (`litquant.attention`)."""
+    `litquant chat --compile` (`litquant.attention`), and the quantized layers are told so
+    (`mark_quantized_layers_after_small_kernels`), as by `compile_next_token`."""
     model.eval()
     model.max_seq_length = max(cache, prompt_len + max_tokens + 8)
     set_kv_cache(model, torch.device("cuda"))
     use_flex_decoding(model, compile and flex)
+    if compile:
+        mark_quantized_layers_after_small_kernels(model)
     compiled = torch.compile(next_token, options=compile_options()) if compile else next_token
 
     def step(*args):  # a new CUDA-graph step per token; copy the output out before the next replay reuses it

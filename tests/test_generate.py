@@ -5,7 +5,10 @@ from litgpt.generate.base import generate as litgpt_generate
 from litgpt.model import GPT
 
 from conftest import tiny_config
-from litquant.generate import compile_options, decode
+from litquant.generate import compile_next_token, compile_options, decode
+from litquant.kernels.base import LayerSpec, QuantLinear
+from litquant.kernels.torch_dequant import TorchQuantLinear
+from litquant.quantize.quantizer import rtn_quantize
 
 
 @pytest.fixture
@@ -64,3 +67,21 @@ def test_compile_options_are_reduce_overhead_with_inductors_dependent_launches(m
     torch.compile(lambda x: x, options=options)  # torch.compile checks the option names here
     monkeypatch.setenv("LITQUANT_PDL", "0")
     assert compile_options() == torch._inductor.list_mode_options("reduce-overhead")
+
+
+def test_compile_next_token_tells_the_quantized_layers_what_runs_before_them(monkeypatch):
+    """Under litquant's compiled decode the kernel ahead of each quantized matmul is one of Inductor's small kernels
+    or attention: the model's quantized layers are told (marlin then launches every decode grid as a dependent)."""
+    import litgpt.generate.base as gen
+
+    monkeypatch.setattr(gen, "next_token", gen.next_token)  # compile_next_token swaps it; restore afterwards
+    model = GPT(tiny_config("llama"))
+    proj = model.transformer.h[0].attn.proj
+    qw = rtn_quantize(proj.weight.detach(), 4, 32, True)
+    layer = TorchQuantLinear(proj.in_features, proj.out_features, False,
+                             LayerSpec(proj.in_features, proj.out_features, 4, 32, True, False), torch.float32)
+    layer.load_quantized(qw)
+    model.transformer.h[0].attn.proj = layer
+    assert not layer.after_small_kernels
+    compile_next_token(model)
+    assert layer.after_small_kernels and not QuantLinear.after_small_kernels

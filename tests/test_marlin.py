@@ -509,10 +509,12 @@ def test_gpu_cuda_graph_and_compile(rows, columns):
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows, width", [(1, 2048), (4, 2048), (64, 2048), (300, 2048), (1, 8192)])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_gpu_layers_in_a_chain_read_each_others_outputs(rows, width, graph):
+@pytest.mark.parametrize("after_small_kernel", [False, True], ids=["", "after-small-kernel"])
+def test_gpu_layers_in_a_chain_read_each_others_outputs(rows, width, graph, after_small_kernel):
     """Each layer's input is the previous layer's output, launched back to back (no kernel in between): on
     Hopper a kernel starts while the one before it still runs (programmatic dependent launch) and must wait
-    for it before reading its input. Every output buffer is NaN-poisoned first, so an early read shows."""
+    for it before reading its input. Every output buffer is NaN-poisoned first, so an early read shows.
+    `after_small_kernel` makes every decode grid a dependent, those that do not fill the GPU too."""
     dtype, layers = torch.bfloat16, 6
     weights = [random_quantized_weight(width, width, 128, sym=i % 2 == 0, act_order=False, device="cuda",
                                        bias=i % 3 == 0) for i in range(layers)]
@@ -527,7 +529,7 @@ def test_gpu_layers_in_a_chain_read_each_others_outputs(rows, width, graph):
         inputs = [x] + outs[:-1]
         for module, lock, inp, out in zip(modules, locks, inputs, outs):
             torch.ops.litquant_marlin.gemm_out(inp, module.qweight, module.scales, module.zeros, module.bias, lock,
-                                               module.group_size, out)
+                                               module.group_size, out, after_small_kernel=after_small_kernel)
 
     if graph:
         chain()  # warm up outside the graph
@@ -542,6 +544,19 @@ def test_gpu_layers_in_a_chain_read_each_others_outputs(rows, width, graph):
         assert not out.isnan().any(), f"layer {i}: NaN in the output (read its input too early?)"
         err = relative_error(out, torch_reference(qw, dtype)(inp))
         assert err < TOLERANCE[dtype], f"layer {i}: relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 8, 16, 300])
+def test_gpu_after_small_kernels_changes_only_how_the_call_is_launched(rows):
+    """`after_small_kernels` (set by litquant's compiled decode) makes small decode grids programmatic dependents;
+    the products stay bit for bit the same, on every path."""
+    module = marlin_module(random_quantized_weight(4096, 4096, 128, sym=True, act_order=False, device="cuda"),
+                           torch.bfloat16)
+    x = torch.randn(rows, 4096, device="cuda", dtype=torch.bfloat16)
+    expected = module(x)
+    module.after_small_kernels = True
+    assert torch.equal(module(x), expected)
 
 
 @pytest.mark.gpu

@@ -50,7 +50,7 @@ void check_weight(const at::Tensor& qweight, const at::Tensor& scales, const std
 
 void gemm_out(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
               const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias, const at::Tensor& locks,
-              int64_t group_size, const at::Tensor& out) {
+              int64_t group_size, const at::Tensor& out, bool after_small_kernel) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 2, "marlin: x must be a 2-D CUDA tensor");
   TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "marlin: x must be fp16 or bf16");
   const int64_t M = x.size(0), K = x.size(1), N = scales.size(1);
@@ -73,15 +73,15 @@ void gemm_out(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& 
       xc.data_ptr(), qweight.data_ptr<int32_t>(), scales.data_ptr(), zeros ? zeros->data_ptr<int32_t>() : nullptr,
       bias ? bias->data_ptr() : nullptr, out.data_ptr(), partial.data_ptr<float>(), locks.data_ptr<int32_t>(),
       static_cast<int>(M), static_cast<int>(K), static_cast<int>(N), static_cast<int>(group_size),
-      x.scalar_type() == at::kBFloat16, c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
+      x.scalar_type() == at::kBFloat16, after_small_kernel, c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
   TORCH_CHECK(err == nullptr, message("marlin gemm: ", err));
 }
 
 at::Tensor gemm(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                 const std::optional<at::Tensor>& zeros, const std::optional<at::Tensor>& bias, const at::Tensor& locks,
-                int64_t group_size) {
+                int64_t group_size, bool after_small_kernel) {
   at::Tensor out = at::empty({x.size(0), scales.size(1)}, x.options());
-  gemm_out(x, qweight, scales, zeros, bias, locks, group_size, out);
+  gemm_out(x, qweight, scales, zeros, bias, locks, group_size, out, after_small_kernel);
   return out;
 }
 
@@ -105,11 +105,12 @@ void dequant_out(const at::Tensor& qweight, const at::Tensor& scales, const std:
 }  // namespace
 
 // `locks` is a workspace the kernel leaves as it found it (all zero), so it is not declared mutated.
+// `after_small_kernel`: the kernel ahead leaves most of the GPU free (see marlin.h), a launch hint.
 TORCH_LIBRARY(litquant_marlin, m) {
   m.def("gemm(Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias, Tensor locks, "
-        "int group_size) -> Tensor");
+        "int group_size, bool after_small_kernel=False) -> Tensor");
   m.def("gemm_out(Tensor x, Tensor qweight, Tensor scales, Tensor? zeros, Tensor? bias, Tensor locks, "
-        "int group_size, Tensor(a!) out) -> ()");
+        "int group_size, Tensor(a!) out, bool after_small_kernel=False) -> ()");
   m.def("dequant_out(Tensor qweight, Tensor scales, Tensor? zeros, int group_size, Tensor(a!) out) -> ()");
 }
 

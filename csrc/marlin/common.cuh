@@ -339,7 +339,8 @@ cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, s
 // fp32 scratch it needs and `decode_gemm` runs it.
 bool decode_serves(int M, int K, int N);
 int64_t decode_partial_floats(const DeviceInfo& device, int M, int K, int N);
-const char* decode_gemm(const GemmArgs& args, bool is_bf16, const DeviceInfo& device, cudaStream_t stream);
+const char* decode_gemm(const GemmArgs& args, bool is_bf16, const DeviceInfo& device, bool after_small_kernel,
+                        cudaStream_t stream);
 
 // The Hopper path (wgmma.cu) for many rows. `wgmma_serves` says whether it takes this call (a Hopper
 // GPU, and M past the decode sizes); then `wgmma_partial_floats` is the fp32 scratch it needs,

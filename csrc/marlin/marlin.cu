@@ -540,7 +540,7 @@ int64_t litquant_marlin_lock_count(int M, int K, int N) {
 
 const char* litquant_marlin_gemm(const void* x, const int32_t* qweight, const void* scales, const int32_t* zeros,
                                  const void* bias, void* out, float* partial, int32_t* locks, int M, int K, int N,
-                                 int group_size, int is_bf16, cudaStream_t stream) {
+                                 int group_size, int is_bf16, int after_small_kernel, cudaStream_t stream) {
   if (const char* bad = check_shape(K, N, group_size)) return bad;
   if (M <= 0) return nullptr;
   const DeviceInfo device = current_device();
@@ -557,7 +557,7 @@ const char* litquant_marlin_gemm(const void* x, const int32_t* qweight, const vo
   args.M = M, args.K = K, args.N = N;
   args.group_shift = group_size == -1 ? -1 : group_size == 32 ? 5 : group_size == 64 ? 6 : 7;
   args.units_per_block = 0;
-  if (decode_serves(M, K, N)) return decode_gemm(args, is_bf16, device, stream);
+  if (decode_serves(M, K, N)) return decode_gemm(args, is_bf16, device, after_small_kernel != 0, stream);
   if (wgmma_serves(device, M, N)) return wgmma_gemm(args, is_bf16, device, stream);
   return is_bf16 ? dispatch_rows<__nv_bfloat16>(args, device.sms, stream)
                  : dispatch_rows<half>(args, device.sms, stream);

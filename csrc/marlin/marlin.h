@@ -17,11 +17,13 @@ extern "C" {
 //   group_size: -1 (one group over K), 32, 64 or 128; G = ceil(K / group_size).
 //   partial: fp32 scratch of litquant_marlin_partial_floats(M, K, N) floats (any content).
 //   locks: int32 [litquant_marlin_lock_count(M, K, N)], all zero; they are zero again when the kernel ends.
+//   after_small_kernel: 1 where the kernel ahead in the stream leaves most of the GPU free (not another
+//   quantized matmul: a fused elementwise kernel, a norm, attention); a hint for how the call is launched.
 // Needs K % 64 == 0, N % 64 == 0, and K or N a multiple of 128; M is any size >= 1.
 const char* litquant_marlin_gemm(const void* x, const int32_t* qweight, const void* scales,
                                  const int32_t* zeros, const void* bias, void* out, float* partial,
                                  int32_t* locks, int M, int K, int N, int group_size, int is_bf16,
-                                 cudaStream_t stream);
+                                 int after_small_kernel, cudaStream_t stream);
 
 // Floats of the `partial` scratch and ints of the `locks` workspace that a call needs on the current GPU.
 int64_t litquant_marlin_partial_floats(int M, int K, int N);

@@ -51,6 +51,10 @@ class QuantLinear(nn.Module):
     k_multiple: ClassVar[int] = 1
     n_multiple: ClassVar[int] = 1
     compiles: ClassVar[bool] = True  # runs inside torch.compile / CUDA graphs
+    # Set on a model's layers by litquant's compiled decode (`litquant.generate.compile_next_token`): the kernel
+    # ahead of each call is one of Inductor's small fused kernels or attention, never another quantized matmul, so a
+    # kernel may launch accordingly (marlin: every decode grid as a programmatic dependent, csrc/marlin/decode.cu).
+    after_small_kernels: bool = False
     description: ClassVar[str] = ""
     # How two layers of this kernel on the same input become one (`concat`): for each buffer, the dim along
     # which it is cut by output column, or None for a buffer both must hold equal (an act_order permutation).

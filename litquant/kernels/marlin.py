@@ -129,11 +129,11 @@ def _register_fakes() -> None:
     """Shapes of the ops for torch.compile / meta tensors (the out= ops mutate in place and return nothing)."""
 
     @torch.library.register_fake("litquant_marlin::gemm")
-    def _(x, qweight, scales, zeros, bias, locks, group_size):
+    def _(x, qweight, scales, zeros, bias, locks, group_size, after_small_kernel=False):
         return x.new_empty(x.shape[0], scales.shape[1])
 
     @torch.library.register_fake("litquant_marlin::gemm_out")
-    def _(x, qweight, scales, zeros, bias, locks, group_size, out):
+    def _(x, qweight, scales, zeros, bias, locks, group_size, out, after_small_kernel=False):
         return None
 
     @torch.library.register_fake("litquant_marlin::dequant_out")
@@ -283,7 +283,7 @@ class MarlinQuantLinear(QuantLinear):
             y = torch.mm(x, w) if self.bias is None else torch.addmm(self.bias, x, w)
         else:
             y = ops.gemm(self.kernel_input(x), self.qweight, self.scales, self.zeros, self.bias, self.locks,
-                         self.group_size)
+                         self.group_size, self.after_small_kernels)
         return y.view(out_shape)
 
     def locks_for(self, rows: int) -> torch.Tensor:
