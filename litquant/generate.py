@@ -73,7 +73,7 @@ def mark_quantized_layers_after_small_kernels(model: torch.nn.Module) -> None:
     """Tell the model's quantized layers that under torch.compile the kernel ahead of each of their calls is one of
     Inductor's small fused kernels (a norm, RoPE, SiLU) or attention, not another quantized matmul
     (`QuantLinear.after_small_kernels`). marlin then launches every decode grid as a programmatic dependent, not only
-    those that fill the GPU: on an H200, Llama-2-7B shapes, compiled, 530.4 -> 538.8 tokens/s (three balanced pairs
+    those that fill the GPU: on an H200, Llama-2-7B shapes, compiled, 542.4 -> 550.6 tokens/s (three balanced pairs
     of processes; benchmarks/results/2026-12-04-decode-dependent-all.md)."""
     for module in model.modules():
         if isinstance(module, QuantLinear):
