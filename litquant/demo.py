@@ -73,6 +73,9 @@ def demo(
         model.max_seq_length = max(encoded.size(0) + max_new_tokens, window if text else 0)
         set_kv_cache(model, loaded.fabric.device)
         with torch.inference_mode():
+            # untimed: a process's first generation pays one-time costs (on a GPU: the CUDA context, cuBLAS and each
+            # kernel's first load), which would otherwise count against the first row
+            litgpt_generate(model, encoded, encoded.size(0) + 2, temperature=0.0, include_prompt=False)
             t0 = time.perf_counter()
             y = litgpt_generate(model, encoded, encoded.size(0) + max_new_tokens, temperature=0.0,
                                 eos_id=tokenizer.eos_id, include_prompt=False)

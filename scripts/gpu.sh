@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine (run through the `device` tool, carrying .whl):
 #   bash scripts/gpu.sh [stage ...]      stages: build test sm80 kernels e2e chat gptq awq generate serve attention
+#                                        realmodel demo
+#                                        (realmodel, demo and tests/test_real_model.py's GPU test need SmolLM2's GGUF
+#                                        in $LITQUANT_CACHE and Debian's jargon.txt.gz in /usr/share/doc/jargon-text,
+#                                        which the GPU machine cannot fetch; how they were carried there:
+#                                        benchmarks/results/2026-12-04-real-model-generate.md)
 #                                        (sm80: the marlin GPU tests on the Ampere build, LITQUANT_CUDA_ARCH=8.0)
 #                                        (default: build test kernels)
 # Installs the carried wheels, then runs each stage with its log (and JSON) under $OUT. LitServe and its dependencies
@@ -43,6 +48,8 @@ for stage in $stages; do
     generate) run generate python3 benchmarks/generate_speed.py --out "$OUT/generate_speed.json" ${GENERATE_ARGS:-} ;;
     serve)   run serve python3 benchmarks/serve_speed.py --out "$OUT/serve_speed.json" ${SERVE_ARGS:-} ;;
     attention) run attention python3 benchmarks/decode_attention.py ${ATTENTION_ARGS:---e2e} ;;
+    realmodel) run realmodel python3 benchmarks/real_model_generate.py "$OUT" ${REALMODEL_ARGS:-} ;;
+    demo)    run demo python3 -m litquant demo --text_file /usr/share/doc/jargon-text/jargon.txt.gz ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done

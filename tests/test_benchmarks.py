@@ -35,3 +35,34 @@ def test_own_times_split_the_busy_time_between_overlapping_kernels(monkeypatch):
     assert sum(own_times(intervals)) == 10 + 5 + 1 + 2  # the union: 0-16 and 20-22
     assert own_times([(0, 3), (0, 5)]) == [0, 5]  # started together: the longer one owns the overlap
     assert own_times([]) == []
+
+
+def test_real_model_benchmark_reads_generate_and_compares_its_texts(monkeypatch):
+    """real_model_generate: the text and the last sample's rates from `litquant generate --num_samples 2`'s output, and
+    the summary's comparisons (against the first kernel in the same mode, and against the run's own eager text)."""
+    import subprocess as sp
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "benchmarks"))
+    from real_model_generate import generated, summary
+
+    stderr = "\n".join(["loaded q (gptq 4-bit g64, kernel marlin) in 1.00 s",
+                        "sample 1: 4 tokens in 9.00 s, 0.44 tokens/s (first token after 8.000 s; the other 3 at 3.00 "
+                        "tokens/s)",
+                        "sample 2: 4 tokens in 0.10 s, 40.00 tokens/s (first token after 0.010 s; the other 3 at 33.33 "
+                        "tokens/s)"])
+    run = generated(sp.CompletedProcess([], 0, stdout="A hacker\nis.\n" * 2, stderr=stderr), 2)
+    assert run["text"] == "A hacker\nis." and run["samples_agree"]
+    assert run["tokens"] == 4 and run["tokens_per_s"] == 40 and run["first_token_s"] == 0.01
+    assert run["after_first_tokens_per_s"] == 33.33  # the second sample's, after its first token
+    with pytest.raises(RuntimeError, match="expected 2 'sample' lines"):
+        generated(sp.CompletedProcess([], 0, stdout="x\n", stderr=stderr.splitlines()[1]), 2)
+
+    def row(kernel, compile, text):
+        return {"precision": "16-true", "kernel": kernel, "compile": compile, "text": text, "tokens": 4,
+                "after_first_tokens_per_s": 1.0, "first_token_s": 0.1}
+    table = summary({"generate": [row("torch", False, "abcd"), row("torch", True, "abxy"), row("marlin", False, "abcz"),
+                                  row("marlin", True, "abxy")], "perplexity": []})
+    lines = table.splitlines()
+    assert lines[3].endswith("| - | first 2 characters the same |")  # torch compiled against torch eager
+    assert lines[4].endswith("| first 3 characters the same | - |")  # marlin eager against torch eager
+    assert lines[5].endswith("| same | first 2 characters the same |")  # marlin compiled: torch compiled's text
