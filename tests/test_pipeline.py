@@ -113,6 +113,12 @@ def test_existing_out_dir_is_not_overwritten(tiny_llama_checkpoint, tmp_path):
     assert QuantizeConfig.load(out).bits == 8
 
 
+def test_quantize_names_a_directory_that_is_not_a_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="model_config.yaml not found: not a litgpt or litquant checkpoint"):
+        quantize(tmp_path / "nowhere", tmp_path / "q", method="rtn", device="cpu")
+    assert not (tmp_path / "q").exists()
+
+
 @pytest.fixture
 def quantized(tiny_llama_checkpoint, tmp_path) -> Path:
     return quantize(tiny_llama_checkpoint, tmp_path / "q", method="rtn", bits=4, group_size=32, kernel="torch", device="cpu")

@@ -5,7 +5,6 @@ from pathlib import Path
 from typing import List, Literal, Optional
 
 import torch
-from litgpt.config import Config
 from litgpt.data import DataModule
 from litgpt.model import GPT
 from litgpt.tokenizer import Tokenizer
@@ -13,6 +12,7 @@ from litgpt.tokenizer import Tokenizer
 from litquant.checkpoint import load_litgpt_state, save_quantized_checkpoint
 from litquant.config import QuantizeConfig
 from litquant.kernels import check_kernel_settings
+from litquant.load import checkpoint_config
 from litquant.precision import layer_specs
 
 log = logging.getLogger("litquant.quantize")
@@ -84,7 +84,7 @@ def quantize(
     config = QuantizeConfig(method=method, bits=bits, group_size=group_size, sym=sym, desc_act=desc_act,
                             static_groups=static_groups, true_sequential=true_sequential, damp_percent=damp_percent,
                             checkpoint_format=fmt, kernel=kernel, ignore_modules=list(ignore_modules))
-    model_config = Config.from_file(checkpoint_dir / "model_config.yaml")
+    model_config = checkpoint_config(checkpoint_dir)
     with torch.device("meta"):
         check_kernel_settings(kernel, layer_specs(GPT(model_config), config))
     out_dir = Path(out_dir) if out_dir else checkpoint_dir.parent / f"{checkpoint_dir.name}-{method}-{bits}bit-g{group_size}"
