@@ -108,7 +108,8 @@ def decoder(model: GPT, compile: bool, max_tokens: int, prompt_len: int = 16, ca
     # while the GPU runs this one (as a serving loop does). A position built on the host each step
     # (torch.tensor([pos], device="cuda")) is a blocking copy: the GPU idled ~700 us a token while the host
     # launched the next step (2026-12-01 profile: 2.9 ms a token wall, 2.2 ms of kernels).
-    state = {"token": step(model, torch.arange(prompt_len, device="cuda"), prompt),
+    # The prompt runs eagerly, as `litquant generate --compile` runs it (compile_next_token): one static step compiled.
+    state = {"token": next_token(model, torch.arange(prompt_len, device="cuda"), prompt),
              "position": torch.tensor([prompt_len], device="cuda")}
 
     @torch.inference_mode()

@@ -40,10 +40,10 @@ def compile_options() -> dict:
 
 
 def compile_next_token(model: torch.nn.Module, flex_decoding: bool = False):
-    """litgpt's `next_token` under torch.compile, or eager with a warning when the kernel cannot compile.
-    `flex_decoding`: the one-token attention step through FlexAttention over the filled part of the KV cache
-    (`litquant.attention`), for a long cache that each turn fills from position 0 (chat's) or for grouped-query
-    attention on a GPU (`flex_decoding_pays_in_generate`); otherwise litgpt's SDPA."""
+    """litgpt's `next_token` under torch.compile for the one-token steps (prompts run eagerly), or eager with a
+    warning when the kernel cannot compile. `flex_decoding`: the one-token attention step through FlexAttention over
+    the filled part of the KV cache (`litquant.attention`), for a long cache that each turn fills from position 0
+    (chat's) or for grouped-query attention on a GPU (`flex_decoding_pays_in_generate`); otherwise litgpt's SDPA."""
     import litgpt.generate.base as gen
 
     if not _kernel_compiles(model):
@@ -53,9 +53,16 @@ def compile_next_token(model: torch.nn.Module, flex_decoding: bool = False):
     use_flex_decoding(model, flex_decoding)
     mark_quantized_layers_after_small_kernels(model)
     torch._dynamo.config.automatic_dynamic_shapes = True
-    compiled = torch.compile(gen.next_token, options=compile_options())
+    litgpt_next_token = gen.next_token
+    compiled = torch.compile(litgpt_next_token, options=compile_options())
 
-    def step(*args, input_pos_maxp1=None, **kwargs):
+    def step(model, input_pos, x, *args, input_pos_maxp1=None, **kwargs):
+        # A prompt (more than one token) runs eagerly: it is one forward pass. Compiled, it was a graph of its own,
+        # and the step was then compiled again with dynamic shapes: on the CPU (SmolLM2-135M, RTN, torch's kernel,
+        # Inductor's caches empty) the first 8 tokens took 134 s, 80 s of it before the first, against 76 s now
+        # (0.3 s to the first).
+        if x.size(-1) > 1:
+            return litgpt_next_token(model, input_pos, x, *args, input_pos_maxp1=input_pos_maxp1, **kwargs)
         # litgpt passes input_pos_maxp1, the filled length of the KV cache, so that attention reads only that
         # much: an int that grows every token, which under CUDA graphs records a new graph for every length.
         # Without it attention reads the whole static cache under its mask (same tokens), one graph for all.
@@ -64,7 +71,7 @@ def compile_next_token(model: torch.nn.Module, flex_decoding: bool = False):
         # Each decode step is a new CUDA-graph step (the KV cache is updated in place), and its output lives
         # in memory the next replay overwrites: the caller keeps every token, so copy each one out.
         torch.compiler.cudagraph_mark_step_begin()
-        return compiled(*args, **kwargs).clone()
+        return compiled(model, input_pos, x, *args, **kwargs).clone()
 
     gen.next_token = step
 

@@ -52,12 +52,10 @@ class LitquantLoading(BaseLitAPI):
         print(f"loaded {self.checkpoint_dir} ({loaded.quantization}, kernel {loaded.kernel or '-'}) on {device} in "
               f"{loaded.load_seconds:.2f} s", file=sys.stderr)
         self.llm = serving_llm(loaded, self.checkpoint_dir, compile=self.compile)
-        if self.compile:  # compile now, not in the first client's request: two prompt lengths, so that the second
-            # compiles the prefill for any length (dynamic shapes), with the sampling settings every request uses
+        if self.compile:  # compile now, not in the first client's request, with the sampling settings every request
+            # uses (prompts run eagerly, so one request compiles the step for all)
             t0 = time.perf_counter()
-            for prompt in ("Hi", "Hello, how are you today?"):
-                self.llm.generate(prompt, max_new_tokens=4, temperature=self.temperature, top_k=self.top_k,
-                                  top_p=self.top_p)
+            self.llm.generate("Hi", max_new_tokens=4, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
             print(f"compiled the decode step in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
 

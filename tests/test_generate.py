@@ -85,3 +85,19 @@ def test_compile_next_token_tells_the_quantized_layers_what_runs_before_them(mon
     assert not layer.after_small_kernels
     compile_next_token(model)
     assert layer.after_small_kernels and not QuantLinear.after_small_kernels
+
+
+def test_compiled_decode_runs_prompts_eagerly_and_compiles_one_static_step(model, monkeypatch):
+    """`--compile` compiles the one-token step alone: the prompts (of any length) run eagerly, so nothing is compiled
+    for them and the step is not recompiled with dynamic shapes. The tokens are the eager loop's."""
+    import litgpt.generate.base as gen
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(gen, "next_token", gen.next_token)  # compile_next_token swaps it; restore afterwards
+    prompts = [torch.tensor([1, 5, 9, 2]), torch.tensor([3, 4, 8, 8, 6, 1, 7])]
+    eager = [ours(model, prompt, 6, temperature=0.0) for prompt in prompts]
+    torch._dynamo.reset()
+    counters.clear()
+    compile_next_token(model)
+    assert [ours(model, prompt, 6, temperature=0.0) for prompt in prompts] == eager
+    assert counters["stats"]["unique_graphs"] == 1
