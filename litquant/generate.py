@@ -52,7 +52,6 @@ def compile_next_token(model: torch.nn.Module, flex_decoding: bool = False):
         return
     use_flex_decoding(model, flex_decoding)
     mark_quantized_layers_after_small_kernels(model)
-    torch._dynamo.config.automatic_dynamic_shapes = True
     litgpt_next_token = gen.next_token
     compiled = torch.compile(litgpt_next_token, options=compile_options())
 
