@@ -31,7 +31,8 @@ from litquant.attention import use_flex_decoding
 from litquant.config import QuantizeConfig
 from litquant.demo import model_bytes
 from litquant.fuse import fuse_gate_up
-from litquant.generate import compile_options, mark_quantized_layers_after_small_kernels, set_kv_cache
+from litquant.generate import (compile_options, eager_next_token, mark_quantized_layers_after_small_kernels,
+                               set_kv_cache)
 from litquant.precision import QuantizedPrecision
 from litquant.quantize.quantizer import rtn_quantize
 
@@ -91,7 +92,7 @@ def decoder(model: GPT, compile: bool, max_tokens: int, prompt_len: int = 16, ca
     `cache` positions (at least the prompt, the tokens and 8 more). Compiled, the one-token attention is litgpt's
     SDPA, as in `litquant generate --compile`, or with `flex` FlexAttention over the filled part of the cache, as in
     `litquant chat --compile` (`litquant.attention`), and the quantized layers are told so
-    (`mark_quantized_layers_after_small_kernels`), as by `compile_next_token`."""
+    (`mark_quantized_layers_after_small_kernels`), as by `set_next_token`."""
     model.eval()
     model.max_seq_length = max(cache, prompt_len + max_tokens + 8)
     set_kv_cache(model, torch.device("cuda"))
@@ -108,8 +109,8 @@ def decoder(model: GPT, compile: bool, max_tokens: int, prompt_len: int = 16, ca
     # while the GPU runs this one (as a serving loop does). A position built on the host each step
     # (torch.tensor([pos], device="cuda")) is a blocking copy: the GPU idled ~700 us a token while the host
     # launched the next step (2026-12-01 profile: 2.9 ms a token wall, 2.2 ms of kernels).
-    # The prompt runs eagerly, as `litquant generate --compile` runs it (compile_next_token): one static step compiled.
-    state = {"token": next_token(model, torch.arange(prompt_len, device="cuda"), prompt),
+    # The prompt runs eagerly, as `litquant generate --compile` runs it (set_next_token): one static step compiled.
+    state = {"token": eager_next_token(model, torch.arange(prompt_len, device="cuda"), prompt),
              "position": torch.tensor([prompt_len], device="cuda")}
 
     @torch.inference_mode()

@@ -2,7 +2,7 @@
 
 litgpt's `generate` (which reads every token back to the host) against litquant's `decode` (which reads them back
 `READBACK_EVERY` at a time), both decoding greedily with the compiled `next_token` that `litquant generate
---compile` uses (`litquant.generate.compile_next_token`), with the KV cache sized to the prompt and new tokens as
+--compile` uses (`litquant.generate.set_next_token`), with the KV cache sized to the prompt and new tokens as
 `litquant generate` sizes it. Times are the best of `--reps` runs after one that compiles; every run's tokens are
 compared with the first run's, and the two loops' tokens with each other.
 
@@ -18,7 +18,7 @@ import torch
 from litgpt.config import Config
 from litgpt.generate.base import generate as litgpt_generate
 
-from litquant.generate import READBACK_EVERY, compile_next_token, decode, flex_decoding_pays_in_generate, set_kv_cache
+from litquant.generate import READBACK_EVERY, decode, flex_decoding_pays_in_generate, set_kv_cache, set_next_token
 
 sys.path.insert(0, str(Path(__file__).parent))
 from e2e_decode import build  # noqa: E402
@@ -35,7 +35,7 @@ def agreement(what: str, tokens: list, others: list) -> int:
 def main(variant: str = "marlin", model_name: str = "Llama-2-7b-hf", prompt_len: int = 16, new_tokens: int = 200,
          reps: int = 3, out: Path = None) -> None:
     model = build(Config.from_name(model_name), variant).eval()
-    compile_next_token(model, flex_decoding=flex_decoding_pays_in_generate(model.config, torch.device("cuda")))
+    set_next_token(model, compile=True, flex_decoding=flex_decoding_pays_in_generate(model.config, torch.device("cuda")))
     prompt = torch.randint(0, model.config.vocab_size, (prompt_len,), device="cuda")
     model.max_seq_length = prompt_len + new_tokens
     set_kv_cache(model, torch.device("cuda"))

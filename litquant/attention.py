@@ -1,7 +1,7 @@
 """Attention for the compiled single-token decode step: FlexAttention that reads only the filled part of the KV cache.
 
 Compiled under CUDA graphs, litquant's decode does not pass litgpt's `input_pos_maxp1` (an int that grows every
-token would record a new graph for every length; see `litquant.generate.compile_next_token`). So each step's
+token would record a new graph for every length; see `litquant.generate.set_next_token`). So each step's
 attention sees the whole static cache, and litgpt's SDPA (cuDNN on an H200) reads all of it under the mask: a
 4096-position cache costs the same at the 10th token as at the 4000th.
 

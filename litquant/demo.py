@@ -12,7 +12,7 @@ from typing import List, Optional
 import torch
 
 from litquant.assets import cache_root, smollm2_checkpoint
-from litquant.generate import set_kv_cache
+from litquant.generate import set_kv_cache, set_next_token
 from litquant.load import load_model
 from litquant.perplexity import compute_perplexity, read_text
 
@@ -72,6 +72,7 @@ def demo(
         encoded = tokenizer.encode(PromptStyle.from_config(loaded.config).apply(prompt), device=loaded.fabric.device)
         model.max_seq_length = max(encoded.size(0) + max_new_tokens, window if text else 0)
         set_kv_cache(model, loaded.fabric.device)
+        set_next_token(model, compile=False)  # litquant generate's eager step, which litgpt's loop then runs
         with torch.inference_mode():
             # untimed: a process's first generation pays one-time costs (on a GPU: the CUDA context, cuBLAS and each
             # kernel's first load), which would otherwise count against the first row

@@ -6,9 +6,11 @@ from pathlib import Path
 from typing import Iterator, List, Optional
 
 import lightning as L
+import litgpt.generate.base as litgpt_generate
 import torch
 from litgpt.config import Config
 from litgpt.prompts import PromptStyle, has_prompt_style, load_prompt_style
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from litquant.attention import use_flex_decoding
 from litquant.kernels.base import QuantLinear, dependent_launches_allowed
@@ -39,21 +41,41 @@ def compile_options() -> dict:
     return options
 
 
-def compile_next_token(model: torch.nn.Module, flex_decoding: bool = False):
-    """litgpt's `next_token` under torch.compile for the one-token steps (prompts run eagerly), or eager with a
-    warning when the kernel cannot compile. `flex_decoding`: the one-token attention step through FlexAttention over
-    the filled part of the KV cache (`litquant.attention`), for a long cache that each turn fills from position 0
-    (chat's) or for grouped-query attention on a GPU (`flex_decoding_pays_in_generate`); otherwise litgpt's SDPA."""
-    import litgpt.generate.base as gen
+# litgpt's decode step. litgpt's generation loops (generate, chat, its `LLM` that `serve` runs) and `decode` look it
+# up in litgpt's module on every step, so `set_next_token` swaps litquant's step in there.
+LITGPT_NEXT_TOKEN = litgpt_generate.next_token
 
+# The attention backends of the eager steps: all of torch's SDPA backends but cuDNN's. Eagerly, litgpt gives attention
+# only the filled part of the KV cache (`input_pos_maxp1`): a new key length every token. cuDNN builds an execution
+# plan for every new shape, once a process, so a process's first answer paid a plan a token. On an H200
+# (Llama-2-7B-shaped marlin model, 200 tokens eagerly, a process's first pass and then its second):
+# 10.6 and 17.2 tokens/s with cuDNN, then 43.8 and 39.6; without it 39.8, then 50.2
+# (benchmarks/results/2026-12-04-eager-attention.md). The compiled step keeps cuDNN: it has one shape.
+EAGER_ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def eager_next_token(*args, **kwargs) -> torch.Tensor:
+    """litgpt's `next_token` with its attention on any SDPA backend but cuDNN's (`EAGER_ATTENTION_BACKENDS`)."""
+    with sdpa_kernel(EAGER_ATTENTION_BACKENDS):
+        return LITGPT_NEXT_TOKEN(*args, **kwargs)
+
+
+def set_next_token(model: torch.nn.Module, compile: bool, flex_decoding: bool = False) -> None:
+    """Swap litgpt's `next_token` for litquant's decode step: `eager_next_token`, or with `compile` the one-token steps
+    under torch.compile (prompts run eagerly), eager with a warning when the kernel cannot compile. `flex_decoding`:
+    the compiled one-token attention step through FlexAttention over the filled part of the KV cache
+    (`litquant.attention`), for a long cache that each turn fills from position 0 (chat's) or for grouped-query
+    attention on a GPU (`flex_decoding_pays_in_generate`); otherwise litgpt's SDPA."""
+    litgpt_generate.next_token = eager_next_token
+    if not compile:
+        return
     if not _kernel_compiles(model):
         print("warning: --compile: this kernel is not compatible with torch.compile/CUDA graphs; running eagerly",
               file=sys.stderr)
         return
     use_flex_decoding(model, flex_decoding)
     mark_quantized_layers_after_small_kernels(model)
-    litgpt_next_token = gen.next_token
-    compiled = torch.compile(litgpt_next_token, options=compile_options())
+    compiled = torch.compile(LITGPT_NEXT_TOKEN, options=compile_options())
 
     def step(model, input_pos, x, *args, input_pos_maxp1=None, **kwargs):
         # A prompt (more than one token) runs eagerly: it is one forward pass. Compiled, it was a graph of its own,
@@ -61,7 +83,7 @@ def compile_next_token(model: torch.nn.Module, flex_decoding: bool = False):
         # Inductor's caches empty) the first 8 tokens took 134 s, 80 s of it before the first, against 76 s now
         # (0.3 s to the first).
         if x.size(-1) > 1:
-            return litgpt_next_token(model, input_pos, x, *args, input_pos_maxp1=input_pos_maxp1, **kwargs)
+            return eager_next_token(model, input_pos, x, *args, input_pos_maxp1=input_pos_maxp1, **kwargs)
         # litgpt passes input_pos_maxp1, the filled length of the KV cache, so that attention reads only that
         # much: an int that grows every token, which under CUDA graphs records a new graph for every length.
         # Without it attention reads the whole static cache under its mask (same tokens), one graph for all.
@@ -72,7 +94,7 @@ def compile_next_token(model: torch.nn.Module, flex_decoding: bool = False):
         torch.compiler.cudagraph_mark_step_begin()
         return compiled(model, input_pos, x, *args, **kwargs).clone()
 
-    gen.next_token = step
+    litgpt_generate.next_token = step
 
 
 def mark_quantized_layers_after_small_kernels(model: torch.nn.Module) -> None:
@@ -111,26 +133,23 @@ SHARED_CACHE_POSITIONS = 4096
 
 
 def set_shared_kv_cache(model, config: Config, device: torch.device, compile: bool) -> None:
-    """One KV cache of min(block size, SHARED_CACHE_POSITIONS) positions for every turn or request; with `compile`,
-    the decode step compiled with its one-token attention through FlexAttention over the filled part of the cache
-    (`litquant.attention`), which a turn fills only to its prompt and answer."""
+    """One KV cache of min(block size, SHARED_CACHE_POSITIONS) positions for every turn or request, and litquant's
+    decode step (`set_next_token`); with `compile`, its one-token attention through FlexAttention over the filled part
+    of the cache (`litquant.attention`), which a turn fills only to its prompt and answer."""
     model.clear_kv_cache()  # (with a smaller cache in place, litgpt would keep it and warn)
     model.max_seq_length = min(config.block_size, SHARED_CACHE_POSITIONS)
     set_kv_cache(model, device)
-    if compile:
-        compile_next_token(model, flex_decoding=True)
+    set_next_token(model, compile, flex_decoding=True)
 
 
 @torch.inference_mode()
 def decode(model, prompt: torch.Tensor, max_new_tokens: int, *, eos_id: Optional[int] = None,
            readback_every: int = READBACK_EVERY, **sample_kwargs) -> Iterator[List[int]]:
-    """Continue `prompt` (1-D token ids) by up to `max_new_tokens` tokens: litgpt's decoding (its `next_token`,
-    compiled if `compile_next_token` swapped it in, with the same positions and KV cache), the same tokens as
+    """Continue `prompt` (1-D token ids) by up to `max_new_tokens` tokens: litgpt's decoding (its `next_token`, or
+    litquant's step if `set_next_token` swapped it in, with the same positions and KV cache), the same tokens as
     litgpt's `generate`, but read back to the host in runs: the first token alone (the time to the first
     token), then `readback_every` at a time. The host meanwhile queues the next steps, and those queued past an
     EOS are computed and dropped. Yields each run's tokens, up to and including the EOS."""
-    import litgpt.generate.base as gen
-
     prompt_size = prompt.size(0)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -141,7 +160,8 @@ def decode(model, prompt: torch.Tensor, max_new_tokens: int, *, eos_id: Optional
     token, queued = prompt, []
     for i in range(max_new_tokens):
         # step i feeds position prompt_size + i - 1 (the whole prompt at i = 0) and attends to the cache before it
-        token = gen.next_token(model, input_pos, token.view(1, -1), input_pos_maxp1=prompt_size + i, **sample_kwargs)
+        token = litgpt_generate.next_token(model, input_pos, token.view(1, -1), input_pos_maxp1=prompt_size + i,
+                                           **sample_kwargs)
         queued.append(token)
         input_pos = input_pos[-1:] + 1  # on the GPU: no copy from the host that would wait for the queue
         if i == 0 or len(queued) == readback_every or i == max_new_tokens - 1:
@@ -196,8 +216,7 @@ def generate(
     encoded = tokenizer.encode(prompt, device=fabric.device)
     model.max_seq_length = encoded.size(0) + max_new_tokens
     set_kv_cache(model, fabric.device)
-    if compile:
-        compile_next_token(model, flex_decoding=flex_decoding_pays_in_generate(loaded.config, fabric.device))
+    set_next_token(model, compile, flex_decoding=flex_decoding_pays_in_generate(loaded.config, fabric.device))
     L.seed_everything(1234)
     text = ""
     for i in range(num_samples):

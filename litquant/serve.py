@@ -17,11 +17,12 @@ from litgpt.constants import _LITSERVE_AVAILABLE
 from litgpt.deploy.serve import BaseLitAPI, OpenAISpecLitAPI, SimpleLitAPI, StreamLitAPI
 
 from litquant.config import QuantizeConfig, is_quantized_checkpoint
-from litquant.generate import checkpoint_prompt_style, set_shared_kv_cache
+from litquant.generate import checkpoint_prompt_style, set_next_token, set_shared_kv_cache
 from litquant.load import LoadedModel, checkpoint_config, load_model
 
 def serving_llm(loaded: LoadedModel, checkpoint_dir: Path, compile: bool = False) -> LLM:
-    """litgpt's `LLM` over a model that `load_model` loaded, with the checkpoint's prompt style.
+    """litgpt's `LLM` over a model that `load_model` loaded, with the checkpoint's prompt style and litquant's decode
+    step (`litquant.generate.set_next_token`).
 
     With `compile`, its decode step is litgpt's `next_token` under torch.compile with CUDA graphs, on chat's cache
     (`litquant.generate.set_shared_kv_cache`): one cache for every request, where litgpt's `LLM` would resize it for
@@ -32,6 +33,8 @@ def serving_llm(loaded: LoadedModel, checkpoint_dir: Path, compile: bool = False
     if compile:
         set_shared_kv_cache(loaded.model, loaded.config, loaded.fabric.device, compile=True)
         cache = dict(kv_cache_initialized=True, fixed_kv_cache_size=loaded.model.max_seq_length)
+    else:
+        set_next_token(loaded.model, compile=False)
     return LLM(loaded.model, Preprocessor(loaded.tokenizer, device=loaded.fabric.device),
                checkpoint_prompt_style(checkpoint_dir, loaded.config), config=loaded.config,
                checkpoint_dir=checkpoint_dir, fabric=loaded.fabric, **cache)

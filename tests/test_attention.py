@@ -11,7 +11,7 @@ from litgpt.model import GPT
 
 from conftest import TINY_CONFIGS, tiny_config
 from litquant.attention import filled_prefix_attention, filled_prefix_block_mask, use_flex_decoding
-from litquant.generate import compile_next_token, compile_options, flex_decoding_pays_in_generate
+from litquant.generate import compile_options, flex_decoding_pays_in_generate, set_next_token
 
 
 @pytest.mark.parametrize("cache,filled", [(300, 1), (300, 127), (300, 128), (300, 129), (300, 300), (256, 256),
@@ -57,15 +57,15 @@ def test_use_flex_decoding_routes_only_what_it_can_and_leaves_eager_alone():
     assert use_flex_decoding(odd_heads) == 0
 
 
-def test_compile_next_token_routes_attention_as_asked(monkeypatch):
+def test_compiled_next_token_routes_attention_as_asked(monkeypatch):
     """chat compiles with FlexAttention over the filled cache; generate only for grouped-query attention on a GPU."""
     import litgpt.generate.base as gen
 
-    monkeypatch.setattr(gen, "next_token", gen.next_token)  # compile_next_token swaps it; restore afterwards
+    monkeypatch.setattr(gen, "next_token", gen.next_token)  # set_next_token swaps it; restore afterwards
     model = GPT(tiny_config("llama"))
-    compile_next_token(model, flex_decoding=True)
+    set_next_token(model, compile=True, flex_decoding=True)
     assert all("scaled_dot_product_attention" in vars(block.attn) for block in model.transformer.h)
-    compile_next_token(model)
+    set_next_token(model, compile=True)
     assert all("scaled_dot_product_attention" not in vars(block.attn) for block in model.transformer.h)
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert not flex_decoding_pays_in_generate(Config.from_name("Llama-2-7b-hf"), cuda)

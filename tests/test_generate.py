@@ -5,7 +5,7 @@ from litgpt.generate.base import generate as litgpt_generate
 from litgpt.model import GPT
 
 from conftest import tiny_config
-from litquant.generate import compile_next_token, compile_options, decode
+from litquant.generate import compile_options, decode, set_next_token
 from litquant.kernels.base import LayerSpec, QuantLinear
 from litquant.kernels.torch_dequant import TorchQuantLinear
 from litquant.quantize.quantizer import rtn_quantize
@@ -69,12 +69,12 @@ def test_compile_options_are_reduce_overhead_with_inductors_dependent_launches(m
     assert compile_options() == torch._inductor.list_mode_options("reduce-overhead")
 
 
-def test_compile_next_token_tells_the_quantized_layers_what_runs_before_them(monkeypatch):
+def test_compiled_next_token_tells_the_quantized_layers_what_runs_before_them(monkeypatch):
     """Under litquant's compiled decode the kernel ahead of each quantized matmul is one of Inductor's small kernels
     or attention: the model's quantized layers are told (marlin then launches every decode grid as a dependent)."""
     import litgpt.generate.base as gen
 
-    monkeypatch.setattr(gen, "next_token", gen.next_token)  # compile_next_token swaps it; restore afterwards
+    monkeypatch.setattr(gen, "next_token", gen.next_token)  # set_next_token swaps it; restore afterwards
     model = GPT(tiny_config("llama"))
     proj = model.transformer.h[0].attn.proj
     qw = rtn_quantize(proj.weight.detach(), 4, 32, True)
@@ -83,7 +83,7 @@ def test_compile_next_token_tells_the_quantized_layers_what_runs_before_them(mon
     layer.load_quantized(qw)
     model.transformer.h[0].attn.proj = layer
     assert not layer.after_small_kernels
-    compile_next_token(model)
+    set_next_token(model, compile=True)
     assert layer.after_small_kernels and not QuantLinear.after_small_kernels
 
 
@@ -93,11 +93,59 @@ def test_compiled_decode_runs_prompts_eagerly_and_compiles_one_static_step(model
     import litgpt.generate.base as gen
     from torch._dynamo.utils import counters
 
-    monkeypatch.setattr(gen, "next_token", gen.next_token)  # compile_next_token swaps it; restore afterwards
+    monkeypatch.setattr(gen, "next_token", gen.next_token)  # set_next_token swaps it; restore afterwards
     prompts = [torch.tensor([1, 5, 9, 2]), torch.tensor([3, 4, 8, 8, 6, 1, 7])]
     eager = [ours(model, prompt, 6, temperature=0.0) for prompt in prompts]
     torch._dynamo.reset()
     counters.clear()
-    compile_next_token(model)
+    set_next_token(model, compile=True)
     assert [ours(model, prompt, 6, temperature=0.0) for prompt in prompts] == eager
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_eager_steps_run_attention_without_cudnn(model, monkeypatch):
+    """Eagerly every step gives attention a new key length, for which cuDNN's SDPA would build a new plan: litquant's
+    eager step leaves cuDNN out (and puts it back after each step), with litgpt's tokens."""
+    import litgpt.generate.base as gen
+
+    monkeypatch.setattr(gen, "next_token", gen.next_token)  # set_next_token swaps it; restore afterwards
+    cudnn_during_steps = []
+    model.register_forward_pre_hook(lambda *_: cudnn_during_steps.append(torch.backends.cuda.cudnn_sdp_enabled()))
+    prompt = torch.randint(0, 96, (5,))
+    expected = reference(model, prompt, 10, temperature=0.0)
+    assert all(cudnn_during_steps)
+    cudnn_during_steps.clear()
+    set_next_token(model, compile=False)
+    assert [t for run in ours(model, prompt, 10, temperature=0.0) for t in run] == expected
+    assert len(cudnn_during_steps) == 10 and not any(cudnn_during_steps)
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+@pytest.mark.gpu
+def test_gpu_eager_decode_launches_no_cudnn_attention(monkeypatch):
+    """On a GPU, in fp16, with 64-wide heads (SmolLM2's), litgpt's eager step runs cuDNN's attention, and litquant's
+    eager decode (prompt and steps) none of it."""
+    import litgpt.generate.base as gen
+    from litgpt.config import Config
+    from torch.profiler import ProfilerActivity, profile
+
+    from conftest import TINY_CONFIGS
+
+    monkeypatch.setattr(gen, "next_token", gen.next_token)  # set_next_token swaps it; restore afterwards
+    torch.manual_seed(0)
+    model = GPT(Config(**{**TINY_CONFIGS["llama_gpu"], "n_embd": 256, "head_size": 64})).cuda().half().eval()
+    model.max_seq_length = 64
+    model.set_kv_cache(batch_size=1, device=torch.device("cuda"), dtype=torch.float16)
+    prompt = torch.randint(0, 96, (9,), device="cuda")
+
+    def attention_kernels_and_tokens():
+        with profile(activities=[ProfilerActivity.CUDA]) as trace:
+            tokens = [t for run in ours(model, prompt, 12, temperature=0.0) for t in run]
+        kernels = {event.name for event in trace.events() if event.device_type == torch.autograd.DeviceType.CUDA}
+        return {name for name in kernels if "cudnn" in name.lower()}, tokens
+
+    litgpts_cudnn, _ = attention_kernels_and_tokens()
+    set_next_token(model, compile=False)
+    cudnn, tokens = attention_kernels_and_tokens()
+    assert litgpts_cudnn and not cudnn
+    assert len(tokens) == 12

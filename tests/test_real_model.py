@@ -52,6 +52,20 @@ def test_quantized_checkpoint_answers_in_english(tmp_path):
     assert sum(w.strip(".,!?\"'()").isalpha() for w in words) / len(words) > 0.8
 
 
+def test_demo_prints_its_table(capsys, monkeypatch):
+    """`litquant demo`, the main job, on the CPU: a row for each model with its size, speed and answer."""
+    import litgpt.generate.base as gen
+
+    from litquant.demo import demo
+
+    monkeypatch.setattr(gen, "next_token", gen.next_token)  # the demo swaps in litquant's eager step; restore
+    demo(max_new_tokens=8, device="cpu")
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if " | " in line]
+    assert [row[0].strip() for row in rows[2:]] == ["unquantized (float32)", "bnb.nf4", "rtn 4-bit g64 (torch)"]
+    for row in rows[2:]:
+        assert float(row[3]) > 0 and row[5].strip()
+
+
 @pytest.mark.gpu
 def test_gptq_checkpoint_on_marlin_generates_torchs_greedy_text(tmp_path, monkeypatch):
     """The marlin issue's end-to-end check on the real model: a GPTQ checkpoint (act_order, quantized on the GPU) gives

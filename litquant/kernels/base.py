@@ -51,7 +51,7 @@ class QuantLinear(nn.Module):
     k_multiple: ClassVar[int] = 1
     n_multiple: ClassVar[int] = 1
     compiles: ClassVar[bool] = True  # runs inside torch.compile / CUDA graphs
-    # Set on a model's layers by litquant's compiled decode (`litquant.generate.compile_next_token`): the kernel
+    # Set on a model's layers by litquant's compiled decode (`litquant.generate.set_next_token`): the kernel
     # ahead of each call is one of Inductor's small fused kernels or attention, never another quantized matmul, so a
     # kernel may launch accordingly (marlin: every decode grid as a programmatic dependent, csrc/marlin/decode.cu).
     after_small_kernels: bool = False
