@@ -66,6 +66,17 @@ def make_tiny_checkpoint(directory: Path, arch: str = "llama", seed: int = 0) ->
     return directory
 
 
+@pytest.fixture(autouse=True)
+def litgpts_own_next_token(monkeypatch):
+    """generate, chat, serve and the demo swap litgpt's `next_token` for litquant's step
+    (`litquant.generate.set_next_token`), for the process: every test starts from litgpt's own and leaves it so."""
+    import litgpt.generate.base as gen
+
+    from litquant.generate import LITGPT_NEXT_TOKEN
+
+    monkeypatch.setattr(gen, "next_token", LITGPT_NEXT_TOKEN)
+
+
 @pytest.fixture(params=["llama", "neox"])
 def tiny_checkpoint(request, tmp_path) -> Path:
     return make_tiny_checkpoint(tmp_path / f"tiny-{request.param}", request.param)

@@ -57,11 +57,8 @@ def test_use_flex_decoding_routes_only_what_it_can_and_leaves_eager_alone():
     assert use_flex_decoding(odd_heads) == 0
 
 
-def test_compiled_next_token_routes_attention_as_asked(monkeypatch):
+def test_compiled_next_token_routes_attention_as_asked():
     """chat compiles with FlexAttention over the filled cache; generate only for grouped-query attention on a GPU."""
-    import litgpt.generate.base as gen
-
-    monkeypatch.setattr(gen, "next_token", gen.next_token)  # set_next_token swaps it; restore afterwards
     model = GPT(tiny_config("llama"))
     set_next_token(model, compile=True, flex_decoding=True)
     assert all("scaled_dot_product_attention" in vars(block.attn) for block in model.transformer.h)

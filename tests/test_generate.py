@@ -69,12 +69,9 @@ def test_compile_options_are_reduce_overhead_with_inductors_dependent_launches(m
     assert compile_options() == torch._inductor.list_mode_options("reduce-overhead")
 
 
-def test_compiled_next_token_tells_the_quantized_layers_what_runs_before_them(monkeypatch):
+def test_compiled_next_token_tells_the_quantized_layers_what_runs_before_them():
     """Under litquant's compiled decode the kernel ahead of each quantized matmul is one of Inductor's small kernels
     or attention: the model's quantized layers are told (marlin then launches every decode grid as a dependent)."""
-    import litgpt.generate.base as gen
-
-    monkeypatch.setattr(gen, "next_token", gen.next_token)  # set_next_token swaps it; restore afterwards
     model = GPT(tiny_config("llama"))
     proj = model.transformer.h[0].attn.proj
     qw = rtn_quantize(proj.weight.detach(), 4, 32, True)
@@ -87,13 +84,11 @@ def test_compiled_next_token_tells_the_quantized_layers_what_runs_before_them(mo
     assert layer.after_small_kernels and not QuantLinear.after_small_kernels
 
 
-def test_compiled_decode_runs_prompts_eagerly_and_compiles_one_static_step(model, monkeypatch):
+def test_compiled_decode_runs_prompts_eagerly_and_compiles_one_static_step(model):
     """`--compile` compiles the one-token step alone: the prompts (of any length) run eagerly, so nothing is compiled
     for them and the step is not recompiled with dynamic shapes. The tokens are the eager loop's."""
-    import litgpt.generate.base as gen
     from torch._dynamo.utils import counters
 
-    monkeypatch.setattr(gen, "next_token", gen.next_token)  # set_next_token swaps it; restore afterwards
     prompts = [torch.tensor([1, 5, 9, 2]), torch.tensor([3, 4, 8, 8, 6, 1, 7])]
     eager = [ours(model, prompt, 6, temperature=0.0) for prompt in prompts]
     torch._dynamo.reset()
@@ -103,12 +98,9 @@ def test_compiled_decode_runs_prompts_eagerly_and_compiles_one_static_step(model
     assert counters["stats"]["unique_graphs"] == 1
 
 
-def test_eager_steps_run_attention_without_cudnn(model, monkeypatch):
+def test_eager_steps_run_attention_without_cudnn(model):
     """Eagerly every step gives attention a new key length, for which cuDNN's SDPA would build a new plan: litquant's
     eager step leaves cuDNN out (and puts it back after each step), with litgpt's tokens."""
-    import litgpt.generate.base as gen
-
-    monkeypatch.setattr(gen, "next_token", gen.next_token)  # set_next_token swaps it; restore afterwards
     cudnn_during_steps = []
     model.register_forward_pre_hook(lambda *_: cudnn_during_steps.append(torch.backends.cuda.cudnn_sdp_enabled()))
     prompt = torch.randint(0, 96, (5,))
@@ -122,16 +114,14 @@ def test_eager_steps_run_attention_without_cudnn(model, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_eager_decode_launches_no_cudnn_attention(monkeypatch):
+def test_gpu_eager_decode_launches_no_cudnn_attention():
     """On a GPU, in fp16, with 64-wide heads (SmolLM2's), litgpt's eager step runs cuDNN's attention, and litquant's
     eager decode (prompt and steps) none of it."""
-    import litgpt.generate.base as gen
     from litgpt.config import Config
     from torch.profiler import ProfilerActivity, profile
 
     from conftest import TINY_CONFIGS
 
-    monkeypatch.setattr(gen, "next_token", gen.next_token)  # set_next_token swaps it; restore afterwards
     torch.manual_seed(0)
     model = GPT(Config(**{**TINY_CONFIGS["llama_gpu"], "n_embd": 256, "head_size": 64})).cuda().half().eval()
     model.max_seq_length = 64

@@ -52,13 +52,10 @@ def test_quantized_checkpoint_answers_in_english(tmp_path):
     assert sum(w.strip(".,!?\"'()").isalpha() for w in words) / len(words) > 0.8
 
 
-def test_demo_prints_its_table(capsys, monkeypatch):
+def test_demo_prints_its_table(capsys):
     """`litquant demo`, the main job, on the CPU: a row for each model with its size, speed and answer."""
-    import litgpt.generate.base as gen
-
     from litquant.demo import demo
 
-    monkeypatch.setattr(gen, "next_token", gen.next_token)  # the demo swaps in litquant's eager step; restore
     demo(max_new_tokens=8, device="cpu")
     rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if " | " in line]
     assert [row[0].strip() for row in rows[2:]] == ["unquantized (float32)", "bnb.nf4", "rtn 4-bit g64 (torch)"]
@@ -67,18 +64,15 @@ def test_demo_prints_its_table(capsys, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gptq_checkpoint_on_marlin_generates_torchs_greedy_text(tmp_path, monkeypatch):
+def test_gptq_checkpoint_on_marlin_generates_torchs_greedy_text(tmp_path):
     """The marlin issue's end-to-end check on the real model: a GPTQ checkpoint (act_order, quantized on the GPU) gives
     the same greedy text with `--kernel marlin` as with `--kernel torch`, eager and compiled, in fp16. SmolLM2's
     shapes take marlin's less travelled paths: K = 576 (not a multiple of 128: padded to 640 at load where N is not
     either, and otherwise M = 1 off the decode kernel), and g_idx sorted at load. Longer answers can part at a
     near-tie: on an H200, 128 tokens of another checkpoint agreed for ~55 tokens eagerly and all 128 compiled
     (benchmarks/results/2026-12-04-real-model-generate.md)."""
-    import litgpt.generate.base as gen
-
     from litquant.generate import generate
 
-    monkeypatch.setattr(gen, "next_token", gen.next_token)  # --compile swaps it; restore afterwards
     calibration = tmp_path / "calibration.txt"
     calibration.write_text(assets.calibration_text())
     out = quantize(assets.smollm2_checkpoint(), tmp_path / "gptq4", method="gptq", bits=4, group_size=64,

@@ -61,9 +61,6 @@ def test_serve_refuses_a_directory_that_is_not_a_checkpoint(tmp_path):
 def eager_and_compiled_answers(monkeypatch, capfd, checkpoint_dir: Path, prompts, **options) -> tuple:
     """The simple endpoint's answers to `prompts`, from an eager server and then from one compiled at startup (in
     that order: `--compile` swaps litgpt's `next_token` for the process)."""
-    import litgpt.generate.base as gen
-
-    monkeypatch.setattr(gen, "next_token", gen.next_token)  # restored afterwards
     answers = []
     for compile in (False, True):  # (a request may wait for the startup compile: LitServe's tests do not)
         with started(monkeypatch, checkpoint_dir, compile=compile, timeout=600, **options) as server, \

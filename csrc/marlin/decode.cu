@@ -655,7 +655,7 @@ int64_t decode_partial_floats(const DeviceInfo& device, int M, int K, int N) {
 // Inductor's small kernels or attention, in litquant's compiled decode), so the blocks of a grid of any size, let in
 // early, spread as in a plain launch: every grid is then a dependent, not only those of `decode_launch_dependent`.
 // Measured on an H200 (Llama-2-7B shapes, compiled, three balanced pairs of processes): 542.4 -> 550.6 tokens/s; the
-// same layer called back to back, as in the kernel table, is 12-20% slower so at M = 1 on 7B-qkv and 7B-up
+// same layer called back to back, as in the kernel table, is 12-20% slower that way at M = 1 on 7B-qkv and 7B-up
 // (benchmarks/results/2026-12-04-decode-dependent-all.md).
 const char* decode_gemm(const GemmArgs& args, bool is_bf16, const DeviceInfo& device, bool after_small_kernel,
                         cudaStream_t stream) {
