@@ -10,6 +10,7 @@ import torch
 from jsonargparse import CLI, set_config_read_mode, set_docstring_parse_options
 from litgpt.__main__ import PARSER_DATA as LITGPT_COMMANDS
 
+from litquant.benchmark import benchmark
 from litquant.demo import demo
 from litquant.generate import chat, generate
 from litquant.gguf import convert_gguf_to_litgpt
@@ -28,6 +29,7 @@ COMMANDS = {
     "convert_gguf_to_litgpt": convert_gguf_to_litgpt,
     "kernels": kernels,
     "demo": demo,
+    "benchmark": benchmark,
 }
 
 

@@ -68,7 +68,7 @@ def make_tiny_checkpoint(directory: Path, arch: str = "llama", seed: int = 0) ->
 
 @pytest.fixture(autouse=True)
 def litgpts_own_next_token(monkeypatch):
-    """generate, chat, serve and the demo swap litgpt's `next_token` for litquant's step
+    """generate, chat, serve and the benchmark swap litgpt's `next_token` for litquant's step
     (`litquant.generate.set_next_token`), for the process: every test starts from litgpt's own and leaves it so."""
     import litgpt.generate.base as gen
 

@@ -57,10 +57,12 @@ def test_demo_prints_its_table(capsys):
     from litquant.demo import demo
 
     demo(max_new_tokens=8, device="cpu")
-    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if " | " in line]
-    assert [row[0].strip() for row in rows[2:]] == ["unquantized (float32)", "bnb.nf4", "rtn 4-bit g64 (torch)"]
+    rows = [[c.strip() for c in line.strip("| ").split(" | ")] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ")]
+    assert [row[:2] for row in rows[2:]] == [["unquantized (float32)", "-"], ["bnb.nf4", "bitsandbytes"],
+                                             ["rtn 4-bit g64 sym (gptq)", "torch"]]
     for row in rows[2:]:
-        assert float(row[3]) > 0 and row[5].strip()
+        assert float(row[5].split()[0]) > 0 and row[6] == "-" and "hacker" in row[7].lower()
 
 
 @pytest.mark.gpu
