@@ -29,7 +29,7 @@ from litgpt.model import GPT
 
 from litquant.attention import use_flex_decoding
 from litquant.config import QuantizeConfig
-from litquant.demo import model_bytes
+from litquant.benchmark import model_bytes
 from litquant.fuse import fuse_gate_up
 from litquant.generate import (compile_options, eager_next_token, mark_quantized_layers_after_small_kernels,
                                set_kv_cache)

@@ -54,8 +54,8 @@ def disk_mib(checkpoint_dir: Path) -> float:
 def measure(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: Optional[str] = None, prompt: str,
             max_new_tokens: int, evaluation: Optional[str], window: int, max_windows: int, compile: bool,
             precision: Optional[str], device: Optional[str]) -> Row:
-    """Load `checkpoint_dir` as asked, answer `prompt` greedily (timed after an untimed warm-up answer, which pays a
-    process's one-time costs and, with `compile`, the compilation), and score `evaluation`."""
+    """Load `checkpoint_dir` as asked, answer `prompt` greedily (timed after 4 untimed tokens, which pay a process's
+    one-time costs and, with `compile`, the compilation), and score `evaluation`."""
     loaded = load_model(checkpoint_dir, kernel=kernel, quantize=quantize, precision=precision, device=device)
     model, tokenizer, device = loaded.model, loaded.tokenizer, loaded.fabric.device
     encoded = tokenizer.encode(PromptStyle.from_config(loaded.config).apply(prompt), device=device)
@@ -74,7 +74,7 @@ def measure(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: Opt
         if evaluation:
             tokens = tokenizer.encode(evaluation, bos=False, eos=False)
             perplexity = compute_perplexity(model, tokens, window=window, max_windows=max_windows)[0]
-    text = tokenizer.decode(torch.tensor(answer)).strip().replace("\n", " ")
+    text = tokenizer.decode(torch.tensor(answer)).strip().replace("\n", " ").replace("|", "/")  # one table cell
     row = Row(loaded.quantization, loaded.kernel or ("bitsandbytes" if quantize else "-"),
               memory_mib=model_bytes(model) / 2**20, tokens_per_s=len(answer) / seconds, perplexity=perplexity,
               note=text)
@@ -84,7 +84,8 @@ def measure(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: Opt
 
 
 def format_table(rows: List[Row]) -> str:
-    """The rows as a Markdown table; speed and perplexity also relative to the first row (the unquantized model)."""
+    """The rows as a Markdown table; speed and perplexity also relative to the first row (by default the unquantized
+    model)."""
     base = rows[0]
 
     def number(value: Optional[float], digits: int) -> str:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The one script for the GPU machine (run through the `device` tool, carrying .whl):
 #   bash scripts/gpu.sh [stage ...]      stages: build test sm80 kernels e2e chat gptq awq generate serve attention
-#                                        realmodel demo
-#                                        (realmodel, demo and tests/test_real_model.py's GPU test need SmolLM2's GGUF
+#                                        realmodel demo benchmark
+#                                        (realmodel, demo, benchmark and test_real_model.py's GPU test need SmolLM2's GGUF
 #                                        in $LITQUANT_CACHE and Debian's jargon.txt.gz in /usr/share/doc/jargon-text,
 #                                        which the GPU machine cannot fetch; how they were carried there:
 #                                        benchmarks/results/2026-12-04-real-model-generate.md)
@@ -50,6 +50,8 @@ for stage in $stages; do
     attention) run attention python3 benchmarks/decode_attention.py ${ATTENTION_ARGS:---e2e} ;;
     realmodel) run realmodel python3 benchmarks/real_model_generate.py "$OUT" ${REALMODEL_ARGS:-} ;;
     demo)    run demo python3 -m litquant demo --text_file /usr/share/doc/jargon-text/jargon.txt.gz ;;
+    benchmark) run benchmark python3 -m litquant benchmark --out_dir /tmp/litquant-benchmark ${BENCHMARK_ARGS:-}
+               cp /tmp/litquant-benchmark/benchmark.json /tmp/litquant-benchmark/benchmark.md "$OUT/" ;;  # not the checkpoints
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
 done
