@@ -9,6 +9,7 @@ are given.
 """
 import importlib.util
 import json
+import os
 import sys
 import tempfile
 import time
@@ -107,6 +108,16 @@ def format_table(rows: List[Row]) -> str:
     return "\n".join("| " + " | ".join(c.ljust(w) for c, w in zip(line, widths)) + " |" for line in lines)
 
 
+def save_rows(rows: List[Row], out_dir: Path) -> None:
+    """Write benchmark.json and benchmark.md, each through a temporary file and a rename: after every row, so that an
+    interrupted run keeps the rows it finished and never leaves a half-written file."""
+    for name, text in (("benchmark.json", json.dumps([asdict(r) for r in rows], indent=1)),
+                       ("benchmark.md", format_table(rows) + "\n")):
+        partial = out_dir / f".{name}.partial"
+        partial.write_text(text)
+        os.replace(partial, out_dir / name)
+
+
 def benchmark(
     checkpoint_dir: Optional[Path] = None,
     *,
@@ -154,7 +165,7 @@ def benchmark(
         precision: bf16-true, 16-true or 32-true. Default: bf16 on a GPU, fp32 on the CPU.
         device: cuda or cpu. Default: cuda if available.
         out_dir: keep the quantized checkpoints there (replacing an earlier run's) and write benchmark.json and
-            benchmark.md. Default: a temporary directory, removed at the end.
+            benchmark.md, updated after each row. Default: a temporary directory, removed at the end.
     """
     from litquant.quantize.main import quantize
 
@@ -176,15 +187,21 @@ def benchmark(
         run = dict(prompt=prompt, max_new_tokens=max_new_tokens, evaluation=evaluation, window=window,
                    max_windows=max_windows, compile=compile, precision=precision, device=device)
         rows: List[Row] = []
+
+        def add(row: Row) -> None:
+            rows.append(row)
+            if out_dir:
+                save_rows(rows, work_dir)
+
         for baseline in baselines:
             quantize_mode = None if baseline == "unquantized" else baseline
             if quantize_mode and quantize_mode.startswith("bnb") and importlib.util.find_spec("bitsandbytes") is None:
-                rows.append(Row(baseline, "bitsandbytes", note="bitsandbytes not installed (pip install litquant[bnb])"))
+                add(Row(baseline, "bitsandbytes", note="bitsandbytes not installed (pip install litquant[bnb])"))
                 continue
             row = measure(checkpoint_dir, quantize=quantize_mode, **run)
             if quantize_mode is None:
                 row.model, row.disk_mib = f"unquantized ({row.model})", disk_mib(checkpoint_dir)
-            rows.append(row)
+            add(row)
         for method in methods:
             quantized_dir = work_dir / f"{checkpoint_dir.name}-{method}{bits}-g{group_size}"
             start = time.perf_counter()
@@ -198,13 +215,10 @@ def benchmark(
                 except KernelNotSupported as e:
                     row = Row(QuantizeConfig.load(quantized_dir).describe(), kernel, note=f"cannot run: {e}")
                 row.quantize_seconds, row.disk_mib = seconds, disk_mib(quantized_dir)
-                rows.append(row)
+                add(row)
         table = format_table(rows)
         device_name = device or ("cuda" if torch.cuda.is_available() else "cpu")
         print(f"\n{checkpoint_dir.name} on {device_name}; prompt: {prompt!r}; perplexity: "
               f"{('Jargon File evaluation slice' if not text_file else text_file) if evaluation else 'not measured'}\n")
         print(table)
-        if out_dir:
-            (work_dir / "benchmark.md").write_text(table + "\n")
-            (work_dir / "benchmark.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
     return rows

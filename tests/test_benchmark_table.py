@@ -61,3 +61,19 @@ def test_benchmark_refuses_an_unknown_kernel_before_quantizing(tiny_llama_checkp
     with pytest.raises(KernelNotSupported, match="unknown kernel 'marlinn'; known kernels: marlin, triton, torch"):
         benchmark(tiny_llama_checkpoint, kernels=["torch", "marlinn"], device="cpu", out_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_an_interrupted_benchmark_keeps_the_rows_it_finished(tiny_llama_checkpoint, tmp_path, monkeypatch):
+    import litquant.quantize.main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(litquant.quantize.main, "quantize", interrupted)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        benchmark(tiny_llama_checkpoint, methods=["rtn"], kernels=["torch"], baselines=["unquantized"], max_windows=0,
+                  max_new_tokens=4, device="cpu", out_dir=out)
+    assert [r["model"] for r in json.loads((out / "benchmark.json").read_text())] == ["unquantized (float32)"]
+    assert "unquantized (float32)" in (out / "benchmark.md").read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["benchmark.json", "benchmark.md"]  # no partial file left
