@@ -2,8 +2,9 @@
 baselines a LitGPT user already has: the unquantized model and bitsandbytes nf4.
 
 The checkpoint (SmolLM2-135M-Instruct by default, fetched and converted on first use) is quantized once per method
-and loaded once per kernel. Each row is one way of running the model: how long quantizing took, the size on disk,
-the weights' memory once loaded, the decode speed of `litquant generate` on one prompt, the perplexity on held-out
+and loaded once per kernel. Each row is one way of running the model: how long quantizing took, how long loading takes
+(reading the checkpoint and repacking it for the kernel; bnb.nf4 quantizes as it loads), the size on disk, the
+weights' memory once loaded, the decode speed of `litquant generate` on one prompt, the perplexity on held-out
 text, and the greedy answer. Calibration and evaluation text are disjoint slices of Debian's Jargon File unless files
 are given.
 """
@@ -34,6 +35,7 @@ class Row:
     model: str
     kernel: str
     quantize_seconds: Optional[float] = None
+    load_seconds: Optional[float] = None
     disk_mib: Optional[float] = None
     memory_mib: Optional[float] = None
     tokens_per_s: Optional[float] = None
@@ -57,7 +59,9 @@ def measure(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: Opt
             precision: Optional[str], device: Optional[str]) -> Row:
     """Load `checkpoint_dir` as asked, answer `prompt` greedily (timed after 4 untimed tokens, which pay a process's
     one-time costs and, with `compile`, the compilation), and score `evaluation`."""
+    start = time.perf_counter()
     loaded = load_model(checkpoint_dir, kernel=kernel, quantize=quantize, precision=precision, device=device)
+    load_seconds = time.perf_counter() - start
     model, tokenizer, device = loaded.model, loaded.tokenizer, loaded.fabric.device
     encoded = tokenizer.encode(PromptStyle.from_config(loaded.config).apply(prompt), device=device)
     model.max_seq_length = max(encoded.size(0) + max_new_tokens, window if evaluation else 0)
@@ -76,7 +80,7 @@ def measure(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: Opt
             tokens = tokenizer.encode(evaluation, bos=False, eos=False)
             perplexity = compute_perplexity(model, tokens, window=window, max_windows=max_windows)[0]
     text = tokenizer.decode(torch.tensor(answer)).strip().replace("\n", " ").replace("|", "/")  # one table cell
-    row = Row(loaded.quantization, loaded.kernel or ("bitsandbytes" if quantize else "-"),
+    row = Row(loaded.quantization, loaded.kernel or ("bitsandbytes" if quantize else "-"), load_seconds=load_seconds,
               memory_mib=model_bytes(model) / 2**20, tokens_per_s=len(answer) / seconds, perplexity=perplexity,
               note=text)
     print(f"{row.model} ({row.kernel}): {row.tokens_per_s:.1f} tokens/s, perplexity "
@@ -100,9 +104,9 @@ def format_table(rows: List[Row]) -> str:
         relative = r is not base and r.perplexity and base.perplexity
         return number(r.perplexity, 3) + (f" ({(r.perplexity / base.perplexity - 1) * 100:+.1f}%)" if relative else "")
 
-    header = ["model", "kernel", "quantize s", "disk MiB", "memory MiB", "tokens/s", "perplexity", "answer"]
-    cells = [[r.model, r.kernel, number(r.quantize_seconds, 1), number(r.disk_mib, 1), number(r.memory_mib, 1),
-              speed(r), perplexity(r), r.note[:60]] for r in rows]
+    header = ["model", "kernel", "quantize s", "load s", "disk MiB", "memory MiB", "tokens/s", "perplexity", "answer"]
+    cells = [[r.model, r.kernel, number(r.quantize_seconds, 1), number(r.load_seconds, 1), number(r.disk_mib, 1),
+              number(r.memory_mib, 1), speed(r), perplexity(r), r.note[:60]] for r in rows]
     widths = [max(len(line[i]) for line in cells + [header]) for i in range(len(header))]
     lines = [header, ["-" * w for w in widths]] + cells
     return "\n".join("| " + " | ".join(c.ljust(w) for c, w in zip(line, widths)) + " |" for line in lines)
@@ -141,8 +145,9 @@ def benchmark(
 ) -> List[Row]:
     """Print one table of each quantization method and kernel against the unquantized model and bnb.nf4.
 
-    The checkpoint is quantized with each method and run with each kernel. Each row: quantize time, size on disk,
-    weight memory, decode tokens/s, perplexity on held-out text and the greedy answer to one prompt.
+    The checkpoint is quantized with each method and run with each kernel. Each row: quantize time, load time (with
+    the repacking for the kernel; a CUDA kernel's first use in a fresh cache also builds it), size on disk, weight
+    memory, decode tokens/s, perplexity on held-out text and the greedy answer to one prompt.
 
     Args:
         checkpoint_dir: a litgpt checkpoint. Default: SmolLM2-135M-Instruct (fetched and converted on first use).

@@ -23,9 +23,9 @@ def test_benchmark_quantizes_each_method_and_runs_each_kernel(tiny_llama_checkpo
         assert row.quantize_seconds > 0 and 0 < row.disk_mib < unquantized.disk_mib
         if row.kernel == "marlin":  # CUDA only: the row says why, and the others still run
             assert row.note.startswith("cannot run: kernel 'marlin' cannot run this checkpoint on cpu")
-            assert row.tokens_per_s is None and row.perplexity is None
+            assert row.tokens_per_s is None and row.perplexity is None and row.load_seconds is None
         else:  # torch, and triton under TRITON_INTERPRET
-            assert row.tokens_per_s > 0 and math.isfinite(row.perplexity) and row.note
+            assert row.tokens_per_s > 0 and row.load_seconds > 0 and math.isfinite(row.perplexity) and row.note
             assert row.memory_mib < unquantized.memory_mib
     # the same settings, the same checkpoint: each kernel computes the same perplexity
     for method in ("rtn", "gptq", "awq"):
@@ -45,14 +45,15 @@ def test_benchmark_quantizes_each_method_and_runs_each_kernel(tiny_llama_checkpo
 def test_benchmark_table_states_each_row_against_the_unquantized_model():
     rows = [Row("unquantized (bfloat16)", "-", disk_mib=500.0, memory_mib=300.0, tokens_per_s=40.0, perplexity=20.0,
                 note="A hacker is"),
-            Row("gptq 4-bit g64 sym act_order (gptq)", "marlin", 12.3, 160.0, 150.0, 60.0, 21.0, "A hacker"),
+            Row("gptq 4-bit g64 sym act_order (gptq)", "marlin", 12.3, 0.8, 160.0, 150.0, 60.0, 21.0, "A hacker"),
             Row("bnb.nf4", "bitsandbytes", note="bitsandbytes not installed (pip install litquant[bnb])")]
     lines = format_table(rows).splitlines()
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
-    assert cells[0] == ["model", "kernel", "quantize s", "disk MiB", "memory MiB", "tokens/s", "perplexity", "answer"]
-    assert cells[2][5:7] == ["40.0", "20.000"]
-    assert cells[3][2:7] == ["12.3", "160.0", "150.0", "60.0 (1.50x)", "21.000 (+5.0%)"]
-    assert cells[4][2:7] == ["-"] * 5 and cells[4][7].startswith("bitsandbytes not installed")
+    assert cells[0] == ["model", "kernel", "quantize s", "load s", "disk MiB", "memory MiB", "tokens/s", "perplexity",
+                        "answer"]
+    assert cells[2][6:8] == ["40.0", "20.000"]
+    assert cells[3][2:8] == ["12.3", "0.8", "160.0", "150.0", "60.0 (1.50x)", "21.000 (+5.0%)"]
+    assert cells[4][2:8] == ["-"] * 6 and cells[4][8].startswith("bitsandbytes not installed")
 
 
 def test_benchmark_refuses_an_unknown_kernel_before_quantizing(tiny_llama_checkpoint, tmp_path):

@@ -62,7 +62,7 @@ def test_demo_prints_its_table(capsys):
     assert [row[:2] for row in rows[2:]] == [["unquantized (float32)", "-"], ["bnb.nf4", "bitsandbytes"],
                                              ["rtn 4-bit g64 sym (gptq)", "torch"]]
     for row in rows[2:]:
-        assert float(row[5].split()[0]) > 0 and row[6] == "-" and "hacker" in row[7].lower()
+        assert float(row[3]) > 0 and float(row[6].split()[0]) > 0 and row[7] == "-" and "hacker" in row[8].lower()
 
 
 @pytest.mark.gpu
