@@ -4,6 +4,8 @@ litgpt builds its CLI from a fixed dict with no plugin hook, and a second packag
 script would overwrite litgpt's own, so litquant is a superset under its own name. `generate`, `chat` and
 `serve` are litquant's versions: they also load quantized checkpoints, and plain ones as before.
 """
+import os
+import sys
 import warnings
 
 import torch
@@ -38,7 +40,14 @@ def main() -> None:
     set_config_read_mode(urls_enabled=False)
     warnings.filterwarnings("ignore", message=r".*The epoch parameter in `scheduler.step\(\)`.*")
     torch.set_float32_matmul_precision("high")
-    CLI(COMMANDS)
+    try:
+        CLI(COMMANDS)
+    except (ValueError, OSError) as e:
+        # Bad input (a missing or corrupt checkpoint, a kernel that cannot run it, an out_dir in the way, ...): its
+        # message is written for the user, so one line says it, not a traceback.
+        if os.environ.get("LITQUANT_TRACEBACK"):
+            raise
+        sys.exit(f"litquant: error: {e}\n({type(e).__name__}; LITQUANT_TRACEBACK=1 shows where it was raised)")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from litgpt.utils import save_config
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from litquant.config import QuantizeConfig
+from litquant.config import CONFIG_NAME, QuantizeConfig
 from litquant.formats import QuantizedWeight
 from litquant.kernels.base import QuantLinear
 from litquant.quantize.quantizer import rtn_quantize
@@ -36,13 +36,28 @@ class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete, corrupt, or does not match its config."""
 
 
+def check_out_dir(out_dir: Path, overwrite: bool) -> None:
+    """Refuse an `out_dir` that holds files, unless `overwrite` and it is a quantized checkpoint: `--overwrite`
+    replaces an earlier result, never a directory of other files, nor an unquantized checkpoint."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FileExistsError(f"{out_dir} exists and is not a directory; choose another --out_dir")
+    if not out_dir.exists() or not any(out_dir.iterdir()):
+        return
+    if not (out_dir / CONFIG_NAME).is_file():
+        raise FileExistsError(f"{out_dir} already exists and is not a quantized checkpoint (it has no {CONFIG_NAME}), "
+                              "which --overwrite never replaces; choose another --out_dir")
+    if not overwrite:
+        raise FileExistsError(f"{out_dir} already exists and is not empty; pass --overwrite true or choose another "
+                              "--out_dir")
+
+
 def save_quantized_checkpoint(out_dir: Path, quantized: Dict[str, QuantizedWeight], other_tensors: Dict[str, torch.Tensor],
                               config: QuantizeConfig, model_config: Config, tokenizer_dir: Optional[Path],
                               overwrite: bool = False) -> Path:
     """Pack `quantized` in `config`'s format and write the checkpoint directory atomically."""
     out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise FileExistsError(f"{out_dir} already exists and is not empty; pass --overwrite true or choose another --out_dir")
+    check_out_dir(out_dir, overwrite)
     tensors: Dict[str, torch.Tensor] = {}
     for name, qw in quantized.items():
         for key, t in config.pack(qw.to("cpu")).items():

@@ -1,5 +1,6 @@
 """quantize -> save -> load -> generate on tiny random LitGPT models, and every bad input on the way."""
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -113,6 +114,22 @@ def test_existing_out_dir_is_not_overwritten(tiny_llama_checkpoint, tmp_path):
     assert QuantizeConfig.load(out).bits == 8
 
 
+def test_overwrite_never_replaces_what_is_not_a_quantized_checkpoint(tiny_llama_checkpoint, tmp_path):
+    """--overwrite replaces an earlier quantized checkpoint only: not a directory of the user's files, and not the
+    unquantized checkpoint itself."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="is not a quantized checkpoint .* --overwrite never replaces"):
+        quantize(tiny_llama_checkpoint, mine, method="rtn", bits=4, group_size=32, device="cpu", overwrite=True)
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    before = sorted(p.name for p in tiny_llama_checkpoint.iterdir())
+    with pytest.raises(FileExistsError, match="is not a quantized checkpoint"):
+        quantize(tiny_llama_checkpoint, tiny_llama_checkpoint, method="rtn", bits=4, group_size=32, device="cpu",
+                 overwrite=True)
+    assert sorted(p.name for p in tiny_llama_checkpoint.iterdir()) == before
+
+
 def test_quantize_names_a_directory_that_is_not_a_checkpoint(tmp_path):
     with pytest.raises(FileNotFoundError, match="model_config.yaml not found: not a litgpt or litquant checkpoint"):
         quantize(tmp_path / "nowhere", tmp_path / "q", method="rtn", device="cpu")
@@ -190,7 +207,7 @@ def test_unsupported_kernel_fails_before_loading_weights(quantized, monkeypatch)
     sys.modules["tests_fake"].EightBitOnly = EightBitOnly
     (quantized / WEIGHTS_NAME).write_bytes(b"not read")  # proves no weight is read before the check
     with pytest.raises(KernelNotSupported, match=r"kernel 'eightbit' cannot run this checkpoint on cpu in float32: "
-                                                 r"transformer.h.0.attn.qkv: supports 8-bit, not 4-bit. Kernels that can: .*torch"):
+                                                 r"transformer.h.0.attn.qkv: supports 8-bit, not 4-bit. Kernels that can run it here: .*torch"):
         load_model(quantized, device="cpu", kernel="eightbit")
     with pytest.raises(KernelNotSupported, match="unknown kernel 'nope'"):
         load_model(quantized, device="cpu", kernel="nope")
@@ -266,6 +283,17 @@ def test_cli_help_lists_litgpt_and_litquant_commands():
     out = subprocess.run([sys.executable, "-m", "litquant", "quantize", "--help"], capture_output=True, text=True,
                          check=True).stdout
     assert "--desc_act" in out and "act_order" in out and "--kernel" in out
+
+
+def test_cli_says_what_is_wrong_with_the_input_in_one_line(tmp_path):
+    """Bad input ends the command with its message and exit status 1, not a traceback (unless LITQUANT_TRACEBACK)."""
+    command = [sys.executable, "-m", "litquant", "generate", str(tmp_path / "missing")]
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert f"litquant: error: {tmp_path / 'missing'}/model_config.yaml not found: not a litgpt or litquant checkpoint" \
+        in done.stderr
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "LITQUANT_TRACEBACK": "1"})
+    assert done.returncode == 1 and "Traceback" in done.stderr and "FileNotFoundError" in done.stderr
 
 
 def test_readme_rtn_quantize_and_generate_commands_run(tiny_llama_checkpoint, tmp_path):

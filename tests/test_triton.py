@@ -224,7 +224,7 @@ def test_unsupported_layers_are_refused_with_reasons():
         "supports 2/3/4/8-bit, not 5-bit")
     assert cls.unsupported(LayerSpec(256, 48, 4, 48, True, False), DEVICE, torch.float16) == (
         "supports group_size 32/64/128/256/-1, not 48")
-    with pytest.raises(KernelNotSupported, match="kernel 'triton' cannot run .* not 48. Kernels that can: torch"):
+    with pytest.raises(KernelNotSupported, match="kernel 'triton' cannot run .* not 48. Kernels that can run it here: torch"):
         select_kernel("triton", [("h.0.attn.qkv", LayerSpec(256, 48, 4, 48, True, False))], DEVICE, torch.float16)
 
 

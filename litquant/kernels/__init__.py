@@ -75,7 +75,7 @@ def select_kernel(name: str, specs: List[Tuple[str, LayerSpec]], device: torch.d
         working = [k for k in REGISTRY if k != name and first_problem(kernel_class(k), specs, device, dtype) is None]
         raise KernelNotSupported(f"kernel {name!r} cannot run this checkpoint on {device} in "
                                  f"{str(dtype).replace('torch.', '')}: {problem}. "
-                                 f"Kernels that can: {', '.join(working) or 'none'}")
+                                 f"Kernels that can run it here: {', '.join(working) or 'none'}")
     return cls
 
 

@@ -9,7 +9,7 @@ from litgpt.data import DataModule
 from litgpt.model import GPT
 from litgpt.tokenizer import Tokenizer
 
-from litquant.checkpoint import load_litgpt_state, save_quantized_checkpoint
+from litquant.checkpoint import check_out_dir, load_litgpt_state, save_quantized_checkpoint
 from litquant.config import QuantizeConfig
 from litquant.kernels import check_kernel_settings
 from litquant.load import checkpoint_config
@@ -74,7 +74,7 @@ def quantize(
         offload: keep calibration activations on the CPU between blocks (for very large models).
         seed: seed for shuffling and self-generated calibration.
         ignore_modules: Linears left unquantized (prefix match on the LitGPT module name).
-        overwrite: replace an existing out_dir.
+        overwrite: replace an existing checkpoint at out_dir (never a directory of other files).
     """
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     checkpoint_dir = Path(checkpoint_dir)
@@ -88,8 +88,7 @@ def quantize(
     with torch.device("meta"):
         check_kernel_settings(kernel, layer_specs(GPT(model_config), config))
     out_dir = Path(out_dir) if out_dir else checkpoint_dir.parent / f"{checkpoint_dir.name}-{method}-{bits}bit-g{group_size}"
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise FileExistsError(f"{out_dir} already exists and is not empty; pass --overwrite true or choose another --out_dir")
+    check_out_dir(out_dir, overwrite)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     save_dtype = torch.bfloat16
