@@ -70,6 +70,8 @@ def save_quantized_checkpoint(out_dir: Path, quantized: Dict[str, QuantizedWeigh
     try:
         save_file(tensors, str(tmp / WEIGHTS_NAME), metadata={"format": "pt", "litquant": "1"})
         save_config(model_config, tmp)
+        # safetensors (0.8) creates its file readable by its owner only: give it the other files' permissions
+        os.chmod(tmp / WEIGHTS_NAME, (tmp / "model_config.yaml").stat().st_mode & 0o777)
         if tokenizer_dir is not None:
             for fname in TOKENIZER_FILES:
                 if (Path(tokenizer_dir) / fname).is_file():

@@ -112,6 +112,8 @@ def test_existing_out_dir_is_not_overwritten(tiny_llama_checkpoint, tmp_path):
     assert (out / WEIGHTS_NAME).read_bytes() == before
     quantize(tiny_llama_checkpoint, out, method="rtn", bits=8, group_size=32, device="cpu", overwrite=True)
     assert QuantizeConfig.load(out).bits == 8
+    # every file of the checkpoint is as readable as the config files (safetensors writes its file 0600)
+    assert len({(p.stat().st_mode & 0o777) for p in out.iterdir()}) == 1
 
 
 def test_overwrite_never_replaces_what_is_not_a_quantized_checkpoint(tiny_llama_checkpoint, tmp_path):

@@ -104,12 +104,13 @@ def kernels_table(device: torch.device, dtype: torch.dtype, spec: Optional[Layer
     return rows
 
 
-def kernels(device: Optional[str] = None, dtype: str = "bfloat16", build: bool = False) -> None:
+def kernels(device: Optional[str] = None, dtype: Optional[str] = None, build: bool = False) -> None:
     """List the kernels, which of them run on this machine, and why the others do not.
 
     Args:
         device: cuda or cpu. Default: cuda if available.
-        dtype: activation dtype to check (float16, bfloat16, float32).
+        dtype: activation dtype to check (float16, bfloat16, float32). Default: what `generate` runs in there,
+            bfloat16 on a GPU and float32 on the CPU.
         build: compile the CUDA kernels now instead of on first use.
     """
     if build:
@@ -117,6 +118,7 @@ def kernels(device: Optional[str] = None, dtype: str = "bfloat16", build: bool =
 
         build_all()
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = dtype or ("bfloat16" if dev.type == "cuda" else "float32")
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     print(f"kernels on {where} ({dtype}):")
     for name, status, description in kernels_table(dev, getattr(torch, dtype)):
