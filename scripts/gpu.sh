@@ -49,7 +49,7 @@ for stage in $stages; do
     serve)   run serve python3 benchmarks/serve_speed.py --out "$OUT/serve_speed.json" ${SERVE_ARGS:-} ;;
     attention) run attention python3 benchmarks/decode_attention.py ${ATTENTION_ARGS:---e2e} ;;
     realmodel) run realmodel python3 benchmarks/real_model_generate.py "$OUT" ${REALMODEL_ARGS:-} ;;
-    demo)    run demo python3 -m litquant demo --text_file /usr/share/doc/jargon-text/jargon.txt.gz ;;
+    demo)    run demo python3 -m litquant demo ;;
     benchmark) run benchmark python3 -m litquant benchmark --out_dir /tmp/litquant-benchmark ${BENCHMARK_ARGS:-}
                cp /tmp/litquant-benchmark/benchmark.json /tmp/litquant-benchmark/benchmark.md "$OUT/" ;;  # not the checkpoints
     *) echo "unknown stage $stage"; exit 2 ;;
