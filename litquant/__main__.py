@@ -9,7 +9,7 @@ import sys
 import warnings
 
 import torch
-from jsonargparse import CLI, set_config_read_mode, set_docstring_parse_options
+from jsonargparse import CLI, set_parsing_settings
 from litgpt.__main__ import PARSER_DATA as LITGPT_COMMANDS
 
 from litquant.benchmark import benchmark
@@ -36,8 +36,7 @@ COMMANDS = {
 
 
 def main() -> None:
-    set_docstring_parse_options(attribute_docstrings=True)
-    set_config_read_mode(urls_enabled=False)
+    set_parsing_settings(docstring_parse_attribute_docstrings=True, config_read_mode_urls_enabled=False)
     warnings.filterwarnings("ignore", message=r".*The epoch parameter in `scheduler.step\(\)`.*")
     torch.set_float32_matmul_precision("high")
     try:
