@@ -2,7 +2,13 @@
 import pytest
 import torch
 
-from litquant.quantize.quantizer import dequantize_codes, find_params, group_bounds, quantize_codes, rtn_quantize
+from litquant.quantize.quantizer import dequantize_codes, find_params, quantize_codes, rtn_quantize
+
+
+def group_bounds(in_features: int, group_size: int):
+    """(start, end) of each group of input columns, one at a time: the reference for RTN's vectorized groups."""
+    size = in_features if group_size == -1 else group_size
+    return [(s, min(s + size, in_features)) for s in range(0, in_features, size)]
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])

@@ -48,7 +48,7 @@ from litquant.formats import QuantizedWeight
 from litquant.formats.common import num_groups
 from litquant.precision import is_ignored
 from litquant.quantize.blockwise import BlockInputs, QuantizeBlock, quantize_blockwise
-from litquant.quantize.quantizer import find_params, quantize_codes, rtn_quantize
+from litquant.quantize.quantizer import dequantize_codes, find_params, quantize_codes, rtn_quantize
 
 log = logging.getLogger("litquant.quantize")
 
@@ -190,7 +190,7 @@ def gptq_quantize_weight(weight: torch.Tensor, hessian: torch.Tensor, bits: int,
             x = wb[:, j:j + 1]
             q = quantize_codes(x, scales[g], zeros[g], bits)
             codes[:, col] = q[:, 0].to(torch.uint8)
-            err = (x - scales[g].unsqueeze(1) * (q - zeros[g].unsqueeze(1))) / ub[j, j]
+            err = (x - dequantize_codes(q, scales[g], zeros[g])) / ub[j, j]
             wb[:, j + 1:].addmm_(err, ub[j:j + 1, j + 1:], alpha=-1.0)
             errors[:, j:j + 1] = err
         w[:, b1:].addmm_(errors, u[b0:b1, b1:], alpha=-1.0)

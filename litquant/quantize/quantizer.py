@@ -47,13 +47,8 @@ def quantize_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bit
 
 
 def dequantize_codes(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """The weights that codes `q` [N, g] stand for on the grid of per-row `scale`, `zero` [N]."""
     return scale.unsqueeze(1) * (q - zero.unsqueeze(1))
-
-
-def group_bounds(in_features: int, group_size: int):
-    """(start, end) of each group of input columns; the last group may be partial."""
-    size = in_features if group_size == -1 else group_size
-    return [(s, min(s + size, in_features)) for s in range(0, in_features, size)]
 
 
 def rtn_quantize(weight: torch.Tensor, bits: int, group_size: int, sym: bool,
