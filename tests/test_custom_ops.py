@@ -9,13 +9,11 @@ import pytest
 import torch
 from torch import nn
 
-pytest.importorskip("triton")
-
-from litquant.generate import compile_options  # noqa: E402
-from litquant.kernels import kernel_class  # noqa: E402
-from litquant.kernels.base import LayerSpec  # noqa: E402
-from litquant.kernels.ops import quant_linear_op  # noqa: E402
-from litquant.quantize.quantizer import rtn_quantize  # noqa: E402
+from litquant.generate import compile_options
+from litquant.kernels import kernel_class
+from litquant.kernels.base import LayerSpec
+from litquant.kernels.ops import quant_linear_op
+from litquant.quantize.quantizer import rtn_quantize
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

@@ -1,15 +1,14 @@
 """`litquant serve` on a tiny quantized checkpoint: the HTTP answers are `litquant generate`'s greedy text."""
 from pathlib import Path
 
+import litserve
 import pytest
+from fastapi.testclient import TestClient  # LitServe's dependency
+from litserve.utils import wrap_litserve_start
 
 from litquant.generate import generate
 from litquant.quantize.main import quantize
 from litquant.serve import serve
-
-litserve = pytest.importorskip("litserve")
-from fastapi.testclient import TestClient  # noqa: E402  (LitServe's dependency)
-from litserve.utils import wrap_litserve_start  # noqa: E402
 
 NEW_TOKENS = 10
 
@@ -45,12 +44,17 @@ def test_served_answer_is_generates_greedy_text(quantized, monkeypatch, stream):
 
 
 def test_openai_chat_completions(quantized, monkeypatch):
+    """The OpenAI endpoint's answer to one user message is `generate`'s greedy text for the message in litgpt's
+    default chat template (the tiny checkpoint's tokenizer config has none), its streamed tokens joined."""
+    assert "chat_template" not in (quantized / "tokenizer_config.json").read_text()
+    expected = generate(quantized, prompt="user: hello\nAssistant: ", max_new_tokens=NEW_TOKENS, device="cpu",
+                        temperature=0.0)
     with started(monkeypatch, quantized, openai_spec=True) as server, TestClient(server.app) as client:
         response = client.post("/v1/chat/completions",
                                json={"model": "tiny", "messages": [{"role": "user", "content": "hello"}]})
     assert response.status_code == 200
     answer = response.json()["choices"][0]["message"]
-    assert answer["role"] == "assistant" and answer["content"].strip()
+    assert (answer["role"], answer["content"]) == ("assistant", expected.replace(" ", "")) and expected.strip()
 
 
 def test_serve_refuses_a_directory_that_is_not_a_checkpoint(tmp_path):
