@@ -6,10 +6,11 @@ A quantized checkpoint is a directory with
                           everything else (embeddings, norms, `lm_head`) in the model dtype
   quantize_config.json    `QuantizeConfig`, in AutoGPTQ / AutoAWQ field names
   model_config.yaml       litgpt's Config
-  tokenizer files         copied from the source checkpoint
+  tokenizer files         copied from the source checkpoint, with its BOS decision written down (`pin_add_bos_token`)
 It is written into a temporary directory beside the target and renamed into place at the end, so an
 interrupted run never leaves something that looks complete.
 """
+import json
 import os
 import shutil
 import time
@@ -18,6 +19,7 @@ from typing import Dict, Iterator, Optional, Tuple
 
 import torch
 from litgpt.config import Config
+from litgpt.tokenizer import Tokenizer
 from litgpt.utils import save_config
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
@@ -34,6 +36,22 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, incomplete, corrupt, or does not match its config."""
+
+
+def pin_add_bos_token(checkpoint_dir: Path, use_bos: bool) -> None:
+    """Write `use_bos` into the checkpoint's tokenizer_config.json as `add_bos_token`.
+
+    litgpt's Tokenizer takes that flag from the file, except for some model families, where the directory's name
+    decides (`SmolLM2-*-Instruct` and Llama 3 directories add BOS: `Tokenizer.check_if_bos_token_used`). Where it
+    adds none, it also drops a BOS that the text starts with, such as the `<|im_start|>` that SmolLM2's prompt
+    template begins with. With the flag pinned, a checkpoint tokenizes the same under any directory name: a quantized
+    one as its source, a converted one as litgpt's download of that model.
+    """
+    path = Path(checkpoint_dir) / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if config.get("add_bos_token") != use_bos:
+        config["add_bos_token"] = use_bos
+        path.write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
 
 
 def check_out_dir(out_dir: Path, overwrite: bool) -> None:
@@ -76,6 +94,8 @@ def save_quantized_checkpoint(out_dir: Path, quantized: Dict[str, QuantizedWeigh
             for fname in TOKENIZER_FILES:
                 if (Path(tokenizer_dir) / fname).is_file():
                     shutil.copy2(Path(tokenizer_dir) / fname, tmp / fname)
+            if (tmp / "tokenizer_config.json").is_file():
+                pin_add_bos_token(tmp, Tokenizer(tokenizer_dir).use_bos)
         config.save(tmp)  # last: its presence marks a finished checkpoint
         if out_dir.exists():
             old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"

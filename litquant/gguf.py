@@ -29,7 +29,10 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from litgpt.config import Config, configs
 from litgpt.model import GPT
+from litgpt.tokenizer import Tokenizer
 from litgpt.utils import save_config
+
+from litquant.checkpoint import pin_add_bos_token
 
 SUPPORTED_TENSOR_TYPES = (
     GGMLQuantizationType.F32,
@@ -76,8 +79,8 @@ def convert_gguf_to_litgpt(gguf_file: Path, out_dir: Path, model_name: Optional[
     Reads F32, F16, Q8_0, Q4_0 and Q4_1 tensors and dequantizes them. Writes `lit_model.pth` (float32,
     so the dequantized values are kept exactly: bfloat16 would round the Q4_1 values again),
     `model_config.yaml`, and a Hugging Face `tokenizer.json` with `tokenizer_config.json` and
-    `generation_config.json` rebuilt from the GGUF tokenizer metadata. The directory appears complete or
-    not at all.
+    `generation_config.json` rebuilt from the GGUF tokenizer metadata (`add_bos_token` as litgpt decides it
+    for the model's own checkpoints, whatever `out_dir` is called). The directory appears complete or not at all.
 
     Args:
         gguf_file: The GGUF file to read.
@@ -97,18 +100,19 @@ def convert_gguf_to_litgpt(gguf_file: Path, out_dir: Path, model_name: Optional[
     tokenizer_files = tokenizer_files_from_gguf(reader, config)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex}"
-    tmp_dir.mkdir()
+    staging = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex}"
+    tmp_dir = staging / config.name  # named as litgpt's download of the model, for its tokenizer's BOS decision
+    tmp_dir.mkdir(parents=True)
     try:
         torch.save(state_dict, tmp_dir / "lit_model.pth")
         save_config(config, tmp_dir)
         for name, content in tokenizer_files.items():
             (tmp_dir / name).write_text(content, encoding="utf-8")
+        pin_add_bos_token(tmp_dir, Tokenizer(tmp_dir).use_bos)
         # rename(2) replaces an empty directory, and fails if another process filled it meanwhile.
         os.replace(tmp_dir, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def read_gguf(gguf_file: Path) -> GGUFReader:

@@ -164,6 +164,20 @@ def test_tiny_llama_tokenizer(tmp_path):
     assert (tokenizer_config["bos_token"], tokenizer_config["eos_token"]) == ("<|im_start|>", "<|im_end|>")
 
 
+def test_converted_tokenizer_adds_bos_as_litgpt_does_for_the_model(tmp_path):
+    """litgpt's Tokenizer adds BOS in directories named SmolLM2-*-Instruct whatever their tokenizer config says, and
+    elsewhere drops a leading BOS (SmolLM2's prompt template starts with it): the converter writes down the model's
+    decision, so a checkpoint under another name tokenizes the same."""
+    gguf_file = tmp_path / "SmolLM2-tiny-Instruct.gguf"  # no litgpt config fits: one named after the file
+    write_llama_gguf(tiny_llama(), gguf_file)  # its metadata: add_bos_token false
+    convert_gguf_to_litgpt(gguf_file, tmp_path / "smollm2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["SmolLM2-tiny-Instruct.gguf", "smollm2"]
+    tokenizer = Tokenizer(tmp_path / "smollm2")
+    assert tokenizer.use_bos
+    assert tokenizer.encode("<|im_start|>user").tolist()[0] == tokenizer.encode("user").tolist()[0] == 1
+    assert load_checkpoint(tmp_path / "smollm2").config.name == "SmolLM2-tiny-Instruct"
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="GGUF file not found"):
         convert_gguf_to_litgpt(tmp_path / "absent.gguf", tmp_path / "out")
@@ -278,8 +292,8 @@ def test_smollm2_generates_english(smollm2):
 @pytest.mark.real_model
 def test_smollm2_matches_transformers(smollm2):
     """Cross-check against transformers' own GGUF loader (dequantizes to the same float32 weights)."""
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")  # transformers needs it to load a GGUF file
+    import transformers  # with accelerate, which it needs to load a GGUF file
+
     from litquant.assets import smollm2_gguf
 
     _, model, tokenizer = smollm2

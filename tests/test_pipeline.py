@@ -66,6 +66,23 @@ def test_checkpoint_files_follow_the_gptq_spec(tiny_llama_checkpoint, tmp_path):
                                                      "quantize_config.json", "tokenizer.json", "tokenizer_config.json"]
 
 
+@pytest.mark.parametrize("source_name, uses_bos", [("SmolLM2-135M-Instruct", True), ("tiny-llama", False)])
+def test_quantized_checkpoint_tokenizes_as_its_source(tmp_path, source_name, uses_bos):
+    """litgpt adds BOS in a directory named SmolLM2-*-Instruct whatever its tokenizer config says (and elsewhere drops
+    a leading one): the quantized checkpoint, under another name, keeps its source's decision."""
+    from conftest import make_tiny_checkpoint
+    from litgpt.tokenizer import Tokenizer
+
+    source = make_tiny_checkpoint(tmp_path / source_name)
+    tokenizer_config = source / "tokenizer_config.json"
+    tokenizer_config.write_text(tokenizer_config.read_text().replace('"add_bos_token": true', '"add_bos_token": false'))
+    out = quantize(source, tmp_path / "q", method="rtn", group_size=32, kernel="torch", device="cpu")
+    for checkpoint in (source, out):
+        tokenizer = Tokenizer(checkpoint)
+        assert tokenizer.use_bos == uses_bos
+        assert tokenizer.encode("hi").tolist() == ([0] if uses_bos else []) + tokenizer.encode("hi", bos=False).tolist()
+
+
 def test_rtn_while_loading_matches_the_checkpoint_path(tiny_llama_checkpoint, tmp_path):
     out = quantize(tiny_llama_checkpoint, tmp_path / "q", method="rtn", bits=4, group_size=32, kernel="torch", device="cpu")
     from_checkpoint = load_model(out, device="cpu", precision="32-true").model
