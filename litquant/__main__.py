@@ -40,7 +40,8 @@ def main() -> None:
     warnings.filterwarnings("ignore", message=r".*The epoch parameter in `scheduler.step\(\)`.*")
     torch.set_float32_matmul_precision("high")
     try:
-        CLI(COMMANDS)
+        CLI(COMMANDS, description="litgpt's commands, plus GPTQ, AWQ and RTN quantization (quantize), quantized "
+                                  "checkpoints in generate, chat, serve and perplexity, and fast kernels for them.")
     except (ValueError, OSError) as e:
         # Bad input (a missing or corrupt checkpoint, a kernel that cannot run it, an out_dir in the way, ...): its
         # message is written for the user, so one line says it, not a traceback.

@@ -200,11 +200,13 @@ def generate(
         top_k: sample among the k most probable tokens.
         top_p: nucleus sampling threshold.
         num_samples: how many completions.
-        kernel: kernel for quantized Linears (auto, torch, triton, marlin, ...). Default: the checkpoint's.
-        quantize: for an ordinary checkpoint: bnb.nf4 (and other bitsandbytes modes) or rtn.int4-g128 style.
+        kernel: kernel for quantized Linears: auto, or one that `litquant kernels` lists (torch, triton, marlin, ...).
+            Default: the checkpoint's.
+        quantize: for an ordinary checkpoint, quantize while loading: bnb.nf4, bnb.nf4-dq, bnb.fp4, bnb.fp4-dq
+            (bitsandbytes) or rtn.int<bits>[-g<group_size>], e.g. rtn.int4-g128 (litquant's kernels).
         precision: bf16-true, 16-true or 32-true. Default: bf16 on GPU, fp32 on CPU.
         device: cuda or cpu. Default: cuda if available.
-        compile: compile the decode step with torch.compile (CUDA graphs).
+        compile: compile the decode step with torch.compile (with CUDA graphs on a GPU).
         apply_prompt_style: wrap the prompt in the model's chat template.
     """
     loaded = load_model(checkpoint_dir, kernel=kernel, quantize=quantize, precision=precision, device=device)
@@ -269,12 +271,14 @@ def chat(
         temperature: sampling temperature.
         top_k: sample among the k most probable tokens.
         top_p: nucleus sampling threshold.
-        kernel: kernel for quantized Linears. Default: the checkpoint's.
-        quantize: for an ordinary checkpoint: bnb.nf4 (and other bitsandbytes modes) or rtn.int4-g128 style.
+        kernel: kernel for quantized Linears: auto, or one that `litquant kernels` lists (torch, triton, marlin, ...).
+            Default: the checkpoint's.
+        quantize: for an ordinary checkpoint, quantize while loading: bnb.nf4, bnb.nf4-dq, bnb.fp4, bnb.fp4-dq
+            (bitsandbytes) or rtn.int<bits>[-g<group_size>], e.g. rtn.int4-g128 (litquant's kernels).
         precision: bf16-true, 16-true or 32-true. Default: bf16 on GPU, fp32 on CPU.
-        device: cuda or cpu.
-        compile: compile the decode step with torch.compile (CUDA graphs; the attention reads only the filled part of
-            the 4096-position KV cache, through FlexAttention).
+        device: cuda or cpu. Default: cuda if available.
+        compile: compile the decode step with torch.compile (with CUDA graphs on a GPU; the attention reads only the
+            filled part of the 4096-position KV cache, through FlexAttention).
         multiline: multi-line prompts (end with '!submit' on its own line).
     """
     from litgpt.chat.base import interact

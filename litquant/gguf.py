@@ -84,7 +84,7 @@ def convert_gguf_to_litgpt(gguf_file: Path, out_dir: Path, model_name: Optional[
 
     Args:
         gguf_file: The GGUF file to read.
-        out_dir: The checkpoint directory to create. It must not exist or be empty.
+        out_dir: The checkpoint directory to create. It must not exist, or must be empty.
         model_name: The LitGPT config to use, e.g. "SmolLM2-135M-Instruct"; it must fit the GGUF metadata.
             By default, a LitGPT config is chosen whose architecture fits the metadata and whose name fits
             the file's name and metadata; when none does, a config is built from the metadata.
@@ -113,6 +113,7 @@ def convert_gguf_to_litgpt(gguf_file: Path, out_dir: Path, model_name: Optional[
         os.replace(tmp_dir, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    print(f"wrote {out_dir}: litgpt config {config.name!r}, {len(state_dict)} tensors")
 
 
 def read_gguf(gguf_file: Path) -> GGUFReader:

@@ -1,5 +1,6 @@
 """Load any checkpoint a litquant user has, ready to run: quantized (any kernel), or ordinary
 (full precision, bitsandbytes, or RTN while loading)."""
+import logging
 import re
 import time
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from litquant.checkpoint import (materialize_rope, check_materialized, load_litg
                                  load_with_rtn)
 from litquant.config import QuantizeConfig, is_quantized_checkpoint
 from litquant.fuse import fuse_gate_up
+from litquant.kernels import resolve_device
 from litquant.precision import QuantizedPrecision, quantizable_linears
 
 BNB_MODES = ("bnb.nf4", "bnb.nf4-dq", "bnb.fp4", "bnb.fp4-dq")
@@ -68,7 +70,7 @@ def load_model(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: 
     """
     checkpoint_dir = Path(checkpoint_dir)
     config = checkpoint_config(checkpoint_dir)
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(device)
     precision = precision or default_precision(device)
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is not one of {list(PRECISIONS)}")
@@ -117,6 +119,10 @@ def _load_bnb(config: Config, checkpoint_dir: Path, mode: str, dtype: torch.dtyp
     """The bitsandbytes 4-bit baseline: the Linear4bit layers Lightning's `BitsandbytesPrecision` builds
     (lm_head left in `dtype`, as litquant does), built here directly because that plugin refuses the CPU,
     where bitsandbytes >= 0.45 runs nf4/fp4 too."""
+    # On CPUs with AVX512-BF16, bitsandbytes' import tries to fetch an optional kernel from the Hugging Face Hub through
+    # the `kernels` package and, without it, logs "Failed to load CPU gemm_4bit_forward ...", then runs its own code
+    # as it does everywhere else: nothing has failed, so the message is left out.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(lambda r: "gemm_4bit_forward" not in r.getMessage())
     import bitsandbytes as bnb
 
     state = load_litgpt_state(checkpoint_dir)

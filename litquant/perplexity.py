@@ -71,10 +71,12 @@ def perplexity(
         window: tokens per window.
         batch_size: windows per forward pass.
         max_windows: evaluate only the first N windows (0: all).
-        kernel: kernel for quantized Linears. Default: the checkpoint's.
-        quantize: for an ordinary checkpoint: bnb.nf4 (and other bitsandbytes modes) or rtn.int4-g128 style.
+        kernel: kernel for quantized Linears: auto, or one that `litquant kernels` lists (torch, triton, marlin, ...).
+            Default: the checkpoint's.
+        quantize: for an ordinary checkpoint, quantize while loading: bnb.nf4, bnb.nf4-dq, bnb.fp4, bnb.fp4-dq
+            (bitsandbytes) or rtn.int<bits>[-g<group_size>], e.g. rtn.int4-g128 (litquant's kernels).
         precision: bf16-true, 16-true or 32-true. Default: bf16 on GPU, fp32 on CPU.
-        device: cuda or cpu.
+        device: cuda or cpu. Default: cuda if available.
     """
     from litquant.load import load_model
 

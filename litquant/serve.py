@@ -96,8 +96,10 @@ def serve(
 
     Args:
         checkpoint_dir: a quantized checkpoint from `litquant quantize`, or an ordinary litgpt checkpoint.
-        kernel: kernel for quantized Linears (auto, torch, triton, marlin, ...). Default: the checkpoint's.
-        quantize: for an ordinary checkpoint: bnb.nf4 (and other bitsandbytes modes) or rtn.int4-g128 style.
+        kernel: kernel for quantized Linears: auto, or one that `litquant kernels` lists (torch, triton, marlin, ...).
+            Default: the checkpoint's.
+        quantize: for an ordinary checkpoint, quantize while loading: bnb.nf4, bnb.nf4-dq, bnb.fp4, bnb.fp4-dq
+            (bitsandbytes) or rtn.int<bits>[-g<group_size>], e.g. rtn.int4-g128 (litquant's kernels).
         precision: bf16-true, 16-true or 32-true. Default: bf16 on GPU, fp32 on CPU.
         temperature: sampling temperature.
         top_k: sample among the k most probable tokens (1: greedy).
@@ -109,8 +111,9 @@ def serve(
         openai_spec: serve OpenAI-compatible `/v1/chat/completions` instead of `api_path`.
         api_path: the endpoint's path.
         timeout: seconds a request may wait.
-        compile: compile the decode step with torch.compile (CUDA graphs), at startup. Every request then shares one
-            KV cache of up to 4096 positions (its prompt and answer must fit) and attention reads only its filled part.
+        compile: compile the decode step with torch.compile (with CUDA graphs on a GPU), at startup. Every request
+            then shares one KV cache of up to 4096 positions (its prompt and answer must fit) and attention reads only
+            its filled part.
     """
     if not _LITSERVE_AVAILABLE:
         raise ImportError("litquant serve needs LitServe: pip install litserve")

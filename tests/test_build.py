@@ -79,7 +79,7 @@ def test_no_gpu_is_a_clear_error(monkeypatch):
     with pytest.raises(build.BuildError) as e:
         build.load("marlin")
     message = str(e.value)
-    assert "'marlin'" in message and "Kernels that need no compiler: torch, triton" in message
+    assert "'marlin'" in message and "Kernels that need no compiler: torch (any device), triton (a GPU)" in message
     assert "no CUDA" in message
 
 
@@ -87,7 +87,7 @@ def test_no_compiler_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", "13.0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(build, "find_nvcc", lambda: None)
-    with pytest.raises(build.BuildError, match="no CUDA compiler \\(nvcc\\).*torch, triton"):
+    with pytest.raises(build.BuildError, match=r"no CUDA compiler \(nvcc\).*torch \(any device\), triton \(a GPU\)"):
         build.load("marlin")
 
 
@@ -95,4 +95,4 @@ def test_marlin_reports_itself_unavailable_without_a_compiler(monkeypatch):
     from litquant.kernels.marlin import MarlinQuantLinear
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert "torch, triton" in MarlinQuantLinear.unavailable()
+    assert "torch (any device), triton (a GPU)" in MarlinQuantLinear.unavailable()

@@ -298,6 +298,21 @@ def test_corrupt_source_checkpoint(tiny_llama_checkpoint, tmp_path):
         quantize(tiny_llama_checkpoint, tmp_path / "q", method="rtn", device="cpu", group_size=32)
 
 
+def test_a_device_this_machine_lacks_is_refused_before_any_work(tiny_llama_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"device 'cuda': torch sees no CUDA GPU here \(torch .*\); use cpu"):
+        load_model(tiny_llama_checkpoint, device="cuda")
+    with pytest.raises(ValueError, match="unknown device 'tpu': use cuda, cuda:<index> or cpu"):
+        quantize(tiny_llama_checkpoint, tmp_path / "q", method="rtn", group_size=32, device="tpu")
+    with pytest.raises(ValueError, match="device 'meta' is not supported: use cuda, cuda:<index> or cpu"):
+        quantize(tiny_llama_checkpoint, tmp_path / "q", method="rtn", group_size=32, device="meta")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"device 'cuda:2': this machine has 2 CUDA GPU\(s\)"):
+        load_model(tiny_llama_checkpoint, device="cuda:2")
+    assert not (tmp_path / "q").exists()
+
+
 def test_bnb_nf4_baseline_loads_plain_checkpoints(tiny_llama_checkpoint):
     """bnb.nf4 quantizes a plain checkpoint at load: its logits are the unquantized model's within NF4's error
     (about 11% on this random model's weights)."""

@@ -29,6 +29,22 @@ class KernelNotSupported(ValueError):
     """The requested kernel cannot run these layers here; the message says why and what would."""
 
 
+def resolve_device(device: Optional[str]) -> torch.device:
+    """`device`, or by default cuda where torch sees a GPU and cpu otherwise; a clear error for a device that this
+    machine does not have (torch's own would come from deep inside the first copy to it)."""
+    try:
+        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as e:
+        raise ValueError(f"unknown device {device!r}: use cuda, cuda:<index> or cpu") from e
+    if dev.type not in ("cuda", "cpu"):
+        raise ValueError(f"device {device!r} is not supported: use cuda, cuda:<index> or cpu")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: torch sees no CUDA GPU here (torch {torch.__version__}); use cpu")
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    return dev
+
+
 def kernel_class(name: str) -> Type[QuantLinear]:
     if name not in REGISTRY:
         raise KernelNotSupported(f"unknown kernel {name!r}; known kernels: {', '.join(REGISTRY)} (or 'auto')")
@@ -117,7 +133,7 @@ def kernels(device: Optional[str] = None, dtype: Optional[str] = None, build: bo
         from litquant.kernels.build import build_all
 
         build_all()
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = resolve_device(device)
     dtype = dtype or ("bfloat16" if dev.type == "cuda" else "float32")
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     print(f"kernels on {where} ({dtype}):")

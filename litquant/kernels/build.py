@@ -26,7 +26,7 @@ import torch
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 SOURCE_SUFFIXES = (".cu", ".cpp", ".cuh", ".h")
-NO_COMPILER_KERNELS = ("torch", "triton")
+NO_COMPILER_KERNELS = {"torch": "any device", "triton": "a GPU"}  # name -> what it runs on
 
 
 class BuildError(RuntimeError):
@@ -122,7 +122,7 @@ def unavailable_reason(name: str) -> Optional[str]:
     if problem is None:
         return None
     return (f"kernel {name!r} is compiled from CUDA source on first use, but {problem}. "
-            f"Kernels that need no compiler: {', '.join(NO_COMPILER_KERNELS)}")
+            "Kernels that need no compiler: " + ", ".join(f"{k} ({where})" for k, where in NO_COMPILER_KERNELS.items()))
 
 
 @lru_cache(maxsize=None)

@@ -11,7 +11,7 @@ from litgpt.tokenizer import Tokenizer
 
 from litquant.checkpoint import check_out_dir, load_litgpt_state, save_quantized_checkpoint
 from litquant.config import QuantizeConfig
-from litquant.kernels import check_kernel_settings
+from litquant.kernels import check_kernel_settings, resolve_device
 from litquant.load import checkpoint_config
 from litquant.precision import layer_specs
 
@@ -57,13 +57,15 @@ def quantize(
         sym: symmetric grid (no stored zero points). Default: true for rtn/gptq, false for awq.
         desc_act: GPTQ act_order: quantize columns in order of decreasing Hessian diagonal (saves g_idx).
         static_groups: GPTQ with desc_act: fix group parameters before reordering, so g_idx stays monotone.
-        true_sequential: GPTQ: quantize qkv, proj, fc_1/fc_2, proj in turn, re-running inputs after each.
+        true_sequential: GPTQ: quantize attn.qkv, attn.proj, mlp.fc_1/fc_2, mlp.proj in turn, re-running inputs after
+            each.
         damp_percent: GPTQ dampening, as a fraction of the mean Hessian diagonal.
         checkpoint_format: GPTQ tensor format: "gptq" (v1, AutoGPTQ's zero-minus-one) or "gptq_v2".
         version: AWQ tensor layout: "gemm" or "gemv" (AutoAWQ).
         duo_scaling: AWQ: scales from both activation and weight magnitudes.
         apply_clip: AWQ: search a clipping range per group.
-        kernel: the kernel `litquant generate` uses by default; checked against the settings before any work.
+        kernel: the kernel `litquant generate` uses by default: auto, or one that `litquant kernels` lists; checked
+            against the settings before any work.
         data: a litgpt DataModule for calibration (e.g. Alpaca, where the hub is reachable).
         calibration_file: a .txt/.jsonl file or a directory of them for calibration. With neither `data` nor
             this, calibration text is sampled from the model itself (data-free).
@@ -89,7 +91,7 @@ def quantize(
         check_kernel_settings(kernel, layer_specs(GPT(model_config), config))
     out_dir = Path(out_dir) if out_dir else checkpoint_dir.parent / f"{checkpoint_dir.name}-{method}-{bits}bit-g{group_size}"
     check_out_dir(out_dir, overwrite)
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     save_dtype = torch.bfloat16
     state = load_litgpt_state(checkpoint_dir)
