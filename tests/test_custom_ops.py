@@ -19,16 +19,21 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 class TwoLayerMLP(nn.Module):
-    """down(silu(up(x))) with both Linears quantized (RTN 4-bit) and served by one kernel."""
+    """down(silu(up(x))) with both Linears quantized (RTN 4-bit) and served by one kernel; with `act_order`, each
+    weight's input rows in a shuffled order, as GPTQ's desc_act leaves them (the kernels then permute x)."""
 
     def __init__(self, kernel: str, dtype: torch.dtype, k: int = 128, hidden: int = 96, group_size: int = 32,
-                 device: torch.device = DEVICE) -> None:
+                 device: torch.device = DEVICE, act_order: bool = False) -> None:
         super().__init__()
         gen = torch.Generator(device=device).manual_seed(0)
         layers = []
         for n_in, n_out in ((k, hidden), (hidden, k)):
             qw = rtn_quantize(torch.randn(n_out, n_in, generator=gen, device=device) * 0.1, 4, group_size, sym=False,
                               bias=torch.randn(n_out, generator=gen, device=device))
+            if act_order:
+                order = torch.randperm(n_in, generator=gen, device=device)
+                qw.codes, qw.g_idx = qw.codes[order], qw.g_idx[order]
+                assert qw.act_order
             spec = LayerSpec(n_in, n_out, 4, group_size, qw.sym, qw.act_order)
             layer = kernel_class(kernel)(n_in, n_out, True, spec, dtype)
             layer.load_quantized(qw)
@@ -61,11 +66,13 @@ def test_triton_op_is_registered_with_a_fake():
 
 
 @pytest.mark.parametrize("kernel", ["torch", "triton"])
-def test_compiled_matches_eager(kernel):
-    model = TwoLayerMLP(kernel, torch.bfloat16)
+@pytest.mark.parametrize("dtype, act_order", [(torch.bfloat16, False), (torch.float16, True)],
+                         ids=["bf16", "fp16-act-order"])
+def test_compiled_matches_eager(kernel, dtype, act_order):
+    model = TwoLayerMLP(kernel, dtype, act_order=act_order)
     compiled = torch.compile(model, backend="aot_eager", fullgraph=True)  # fullgraph: no graph break at the op
     for shape in ((1, 1, 128), (2, 7, 128)):
-        x = torch.randn(shape, device=DEVICE, dtype=torch.bfloat16)
+        x = torch.randn(shape, device=DEVICE, dtype=dtype)
         torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=0)
 
 

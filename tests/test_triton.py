@@ -174,7 +174,7 @@ def test_packed_layout():
     assert torch.equal((packed.scale_zero & 0xFFFF).to(torch.int16).view(torch.float16), qw.scales)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=["fp16", "bf16", "fp32"])
 def test_module_matches_torch_kernel(dtype):
     """The registered module, picked through the registry, on [batch, seq, K] inputs with a bias, default configs."""
     qw = random_quantized(256, 48, 4, 64, act_order=True, zero_point=True)
