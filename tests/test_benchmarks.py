@@ -66,3 +66,23 @@ def test_real_model_benchmark_reads_generate_and_compares_its_texts(monkeypatch)
     assert lines[3].endswith("| - | first 2 characters the same |")  # torch compiled against torch eager
     assert lines[4].endswith("| first 3 characters the same | - |")  # marlin eager against torch eager
     assert lines[5].endswith("| same | first 2 characters the same |")  # marlin compiled: torch compiled's text
+
+
+@pytest.mark.real_model
+def test_smollm2_quality_table_scores_each_variant_as_litquant_perplexity_does(tmp_path, monkeypatch):
+    """benchmarks/smollm2_quality.py (the tutorial's tables) on two cheap variants, one window: its rows are the
+    numbers `litquant perplexity` prints for the same checkpoints."""
+    from litquant import assets
+    from litquant.perplexity import perplexity
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "benchmarks"))
+    from smollm2_quality import main
+
+    rows = main(tmp_path, variants=["full precision", "RTN 4-bit zero-point"], max_windows=1)
+    assert [row["variant"] for row in rows] == ["full precision", "RTN 4-bit zero-point"]
+    assert json.loads((tmp_path / "smollm2_quality.json").read_text()) == rows
+    evaluation = tmp_path / "evaluation.txt"
+    checkpoint = tmp_path / "checkpoints" / "RTN4-bitzero-point"
+    assert rows[0]["perplexity"] == round(perplexity(assets.smollm2_checkpoint(), evaluation, max_windows=1), 3)
+    assert rows[1]["perplexity"] == round(perplexity(checkpoint, evaluation, max_windows=1), 3)
+    assert rows[0]["perplexity"] < rows[1]["perplexity"]
