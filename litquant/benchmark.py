@@ -24,7 +24,7 @@ from litgpt.prompts import PromptStyle
 from litquant.assets import JARGON_FILE, calibration_text, evaluation_text, smollm2_checkpoint
 from litquant.config import QuantizeConfig
 from litquant.generate import decode, flex_decoding_pays_in_generate, set_kv_cache, set_next_token
-from litquant.kernels import REGISTRY, KernelNotSupported, kernel_class
+from litquant.kernels import REGISTRY, KernelNotSupported, kernel_class, resolve_device
 from litquant.load import load_model
 from litquant.perplexity import compute_perplexity, read_text
 
@@ -59,9 +59,7 @@ def measure(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: Opt
             precision: Optional[str], device: Optional[str]) -> Row:
     """Load `checkpoint_dir` as asked, answer `prompt` greedily (timed after 4 untimed tokens, which pay a process's
     one-time costs and, with `compile`, the compilation), and score `evaluation`."""
-    start = time.perf_counter()
     loaded = load_model(checkpoint_dir, kernel=kernel, quantize=quantize, precision=precision, device=device)
-    load_seconds = time.perf_counter() - start
     model, tokenizer, device = loaded.model, loaded.tokenizer, loaded.fabric.device
     encoded = tokenizer.encode(PromptStyle.from_config(loaded.config).apply(prompt), device=device)
     model.max_seq_length = max(encoded.size(0) + max_new_tokens, window if evaluation else 0)
@@ -80,8 +78,8 @@ def measure(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: Opt
             tokens = tokenizer.encode(evaluation, bos=False, eos=False)
             perplexity = compute_perplexity(model, tokens, window=window, max_windows=max_windows)[0]
     text = tokenizer.decode(torch.tensor(answer)).strip().replace("\n", " ").replace("|", "/")  # one table cell
-    row = Row(loaded.quantization, loaded.kernel or ("bitsandbytes" if quantize else "-"), load_seconds=load_seconds,
-              memory_mib=model_bytes(model) / 2**20, tokens_per_s=len(answer) / seconds, perplexity=perplexity,
+    row = Row(loaded.quantization, loaded.kernel or ("bitsandbytes" if quantize else "-"),
+              load_seconds=loaded.load_seconds, memory_mib=model_bytes(model) / 2**20, tokens_per_s=len(answer) / seconds, perplexity=perplexity,
               note=text)
     print(f"{row.model} ({row.kernel}): {row.tokens_per_s:.1f} tokens/s, perplexity "
           f"{'-' if perplexity is None else f'{perplexity:.3f}'}", file=sys.stderr)
@@ -222,7 +220,7 @@ def benchmark(
                 row.quantize_seconds, row.disk_mib = seconds, disk_mib(quantized_dir)
                 add(row)
         table = format_table(rows)
-        device_name = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device_name = resolve_device(device)
         print(f"\n{checkpoint_dir.name} on {device_name}; prompt: {prompt!r}; perplexity: "
               f"{('Jargon File evaluation slice' if not text_file else text_file) if evaluation else 'not measured'}\n")
         print(table)
