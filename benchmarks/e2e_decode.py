@@ -128,7 +128,7 @@ def decoder(model: GPT, compile: bool, max_tokens: int, prompt_len: int = 16, ca
 
 # Kernel name -> what it is, first match wins (names as the CUDA profiler reports them).
 CATEGORIES = [
-    ("quantized matmul", ("marlin", "_gemv_kernel", "_mma_kernel", "_dequant_kernel", "kgemm_4bit", "tinygemm",
+    ("quantized matmul", ("marlin", "gemv_kernel", "mma_kernel", "dequant_kernel", "kgemm_4bit", "tinygemm",
                           "int4")),
     ("attention", ("flash", "fmha", "attention", "Attention", "sdpa")),
     ("Inductor fused", ("triton_",)),  # before cuBLAS: Inductor names kernels after the ops they fuse ("..._gemm_...")

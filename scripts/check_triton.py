@@ -26,13 +26,14 @@ from triton.compiler import ASTSource
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import litquant.kernels.triton_kernel as tk
+import litquant.kernels.triton_programs as programs
 from litquant.formats.common import default_g_idx
 from litquant.quantize.quantizer import rtn_quantize
 
 TARGETS = (GPUTarget("cuda", 80, 32), GPUTarget("cuda", 90, 32))
 POINTER_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32",
                  torch.int64: "*i64", torch.uint8: "*u8"}
-KERNELS = ("_gemv_kernel", "_mma_kernel", "_dequant_kernel")
+KERNELS = ("gemv_kernel", "mma_kernel", "dequant_kernel")
 
 
 def record_launches():
@@ -64,9 +65,9 @@ def record_launches():
                 launches[key] = (self.kernel, signature, constexprs, num_warps, num_stages)
             return record
 
-    originals = {name: getattr(tk, name) for name in KERNELS}
+    originals = {name: getattr(programs, name) for name in KERNELS}
     for name, kernel in originals.items():
-        setattr(tk, name, Recorder(kernel))
+        setattr(programs, name, Recorder(kernel))
     try:
         torch.manual_seed(0)
         k, n = 512, 256
@@ -95,7 +96,7 @@ def record_launches():
                                   bias, packed.locks, bits, group_size, out)
     finally:
         for name, kernel in originals.items():
-            setattr(tk, name, kernel)
+            setattr(programs, name, kernel)
     return list(launches.values())
 
 

@@ -1,7 +1,7 @@
 """The triton kernel's Hopper path for many rows (sm_90, Gluon): each field's weights are dequantized while the
 wgmmas of the fields before it run.
 
-`triton_kernel._mma_kernel` cannot do that in Triton's tile language: its dot takes one set of registers as the
+`triton_programs.mma_kernel` cannot do that in Triton's tile language: its dot takes one set of registers as the
 weight operand, and the next chunk's dequantization must wait until every wgmma that reads them is done (its
 `WAIT_FOR_WGMMAS`). A warpgroup then alternates between dequantizing (ALU) and waiting for the tensor cores, and at
 one block an SM (M = 256 on most Llama-2 layers) the tensor cores idle a third of the time. Gluon gives the
@@ -44,7 +44,7 @@ for 16-byte stores of whole rows. Registers (ptxas, triton 3.6, no spills): 98 /
 with one tile a program, 117 / 168 / 255 with the runs and the split sums.
 
 Scope: sm_90, bits 2 and 4 (fields a power of two, codes that fit bf16's mantissa), groups of whole chunks (or
-none), no act_order gather (x is permuted before; the launch does it). Other cases take `_mma_kernel`.
+none), no act_order gather (x is permuted before; the launch does it). Other cases take `triton_programs.mma_kernel`.
 """
 from functools import lru_cache
 from typing import Optional, Tuple
@@ -57,8 +57,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from litquant.kernels.triton_kernel import (WORDS_PER_CHUNK, _BF16_PAIR_ASM, _FP16_PAIR_ASM, _PAIR_CONSTRAINTS,
-                                           _grouped_tile)
+from litquant.kernels.triton_kernel import WORDS_PER_CHUNK
+from litquant.kernels.triton_programs import BF16_PAIR_ASM, FP16_PAIR_ASM, PAIR_CONSTRAINTS, grouped_tile
 
 WORDS = gl.constexpr(WORDS_PER_CHUNK)  # int32 words a column a chunk
 MIN_SHARE = 8  # chunks, the least a stream-K program takes of the last round's tiles
@@ -70,7 +70,7 @@ _reinterpret = getattr(gl.shared_memory_descriptor, "reinterpret", None) or gl.s
 
 @gluon.jit
 def _field(words, j: gl.constexpr, BITS: gl.constexpr, s, minus_b, DOT_DTYPE: gl.constexpr):
-    """Field j of the words as s * (q - z) in DOT_DTYPE, by the magic-number trick of `triton_kernel._field_pairs`
+    """Field j of the words as s * (q - z) in DOT_DTYPE, by the magic-number trick of `triton_programs._field_pairs`
     (two weights a 32-bit register; s and minus_b = -(MAGIC + z) broadcast to the words' shape)."""
     OFFSET: gl.constexpr = BITS * j
     FIRST: gl.constexpr = min(OFFSET // 8, 2)
@@ -81,10 +81,10 @@ def _field(words, j: gl.constexpr, BITS: gl.constexpr, s, minus_b, DOT_DTYPE: gl
     mask = gl.full(words.shape, ((1 << BITS) - 1) * 0x10001, gl.int32, layout)
     operands = [words, selector, shift, mask, s, minus_b]
     if DOT_DTYPE == gl.bfloat16:
-        return gl.inline_asm_elementwise(_BF16_PAIR_ASM, _PAIR_CONSTRAINTS, operands, dtype=s.dtype,
+        return gl.inline_asm_elementwise(BF16_PAIR_ASM, PAIR_CONSTRAINTS, operands, dtype=s.dtype,
                                          is_pure=True, pack=2)
     else:
-        return gl.inline_asm_elementwise(_FP16_PAIR_ASM, _PAIR_CONSTRAINTS, operands, dtype=s.dtype,
+        return gl.inline_asm_elementwise(FP16_PAIR_ASM, PAIR_CONSTRAINTS, operands, dtype=s.dtype,
                                          is_pure=True, pack=2)
 
 
@@ -230,7 +230,7 @@ def _wgmma_kernel(x_desc, words_desc, scale_zero_ptr, bias_ptr, out_ptr, partial
         total = rounds * chunks + _share_start(gl.minimum(sharer + 1, sharers), share, longer) - start
         seq = gl.program_id(0) * 0
         tile, first, count = _run_at(seq, rounds, start, total, chunks, programs)
-        pid_m, pid_n = _grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        pid_m, pid_n = grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         _start_run(x_desc, words_desc, x_smem, words_smem, ready, seq, first, count, pid_m * BLOCK_M,
                    pid_n * BLOCK_N, N, ROWS, STAGES)
         while seq < total:
@@ -238,7 +238,7 @@ def _wgmma_kernel(x_desc, words_desc, scale_zero_ptr, bias_ptr, out_ptr, partial
                        pid_m * BLOCK_M, pid_n * BLOCK_N, N, BITS, GROUP_SIZE, DOT_DTYPE, BLOCK_M, BLOCK_N, STAGES)
             _block_barrier()  # both warpgroups are done with the stages: the next run's first chunks go in now
             next_tile, next_first, next_count = _run_at(seq + count, rounds, start, total, chunks, programs)
-            next_m, next_n = _grouped_tile(next_tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            next_m, next_n = grouped_tile(next_tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
             _start_run(x_desc, words_desc, x_smem, words_smem, ready, seq + count, next_first, next_count,
                        next_m * BLOCK_M, next_n * BLOCK_N, N, ROWS, STAGES)
             # The run's last stage is the one that the next run's first fetches leave free.
@@ -253,7 +253,7 @@ def _wgmma_kernel(x_desc, words_desc, scale_zero_ptr, bias_ptr, out_ptr, partial
             seq += count
             tile, first, count, pid_m, pid_n = next_tile, next_first, next_count, next_m, next_n
     else:
-        pid_m, pid_n = _grouped_tile(gl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        pid_m, pid_n = grouped_tile(gl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
         _start_run(x_desc, words_desc, x_smem, words_smem, ready, 0, 0, chunks, pid_m * BLOCK_M, pid_n * BLOCK_N, N,
                    ROWS, STAGES)
         acc = _run(0, 0, chunks, x_desc, words_desc, x_smem, words_smem, ready, scale_zero_ptr, pid_m * BLOCK_M,
