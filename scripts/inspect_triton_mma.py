@@ -76,5 +76,4 @@ for i, l in enumerate(lines):
 if best:
     ops = collections.Counter(re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", x).group(1) for x in best[1]
                               if re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", x))
-    regs = re.search(r"REG:(\d+)|\.maxnreg (\d+)", k.asm["ptx"])
     print("loop instr:", len(best[1]), dict(ops.most_common(14)))

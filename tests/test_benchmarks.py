@@ -1,6 +1,7 @@
 """The kernel benchmark (benchmarks/kernels.py) end to end on one small cell: every kernel asked for is timed, none
 skipped (a harness error shows as a skipped cell, which is how a lost variable once went unnoticed)."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,26 @@ def test_own_times_split_the_busy_time_between_overlapping_kernels(monkeypatch):
     assert sum(own_times(intervals)) == 10 + 5 + 1 + 2  # the union: 0-16 and 20-22
     assert own_times([(0, 3), (0, 5)]) == [0, 5]  # started together: the longer one owns the overlap
     assert own_times([]) == []
+
+
+def test_profile_counts_every_litquant_kernel_as_a_quantized_matmul(monkeypatch):
+    """e2e_decode's profile finds the quantized matmuls by kernel name: every CUDA kernel in csrc/ and every Triton
+    program that the triton kernel launches must land there (a renamed kernel once fell out to "other")."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "benchmarks"))
+    from e2e_decode import category
+
+    from litquant.kernels import triton_programs, triton_wgmma
+
+    csrc = Path(__file__).parent.parent / "csrc"
+    cuda_kernels = {name for source in csrc.glob("*/*.cu")
+                    for name in re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)",
+                                           source.read_text())}
+    triton_kernels = {program.fn.__name__ for program in (triton_programs.gemv_kernel, triton_programs.mma_kernel,
+                                                          triton_programs.dequant_kernel, triton_wgmma._wgmma_kernel)}
+    assert len(cuda_kernels) >= 5 and len(triton_kernels) == 4
+    assert {name: category(name) for name in cuda_kernels | triton_kernels} == {
+        name: "quantized matmul" for name in cuda_kernels | triton_kernels}
+    assert category("triton_poi_fused_add_mul_0") == "Inductor fused"  # Inductor's own kernels stay apart
 
 
 def test_real_model_benchmark_reads_generate_and_compares_its_texts(monkeypatch):

@@ -507,7 +507,7 @@ __global__ void __launch_bounds__(WgTile<BM>::kBlockThreads, 1)
 
 // out = sum of the k splits' partials (+ bias), 4 columns per thread.
 template <typename T>
-__global__ void wgmma_sum_splits_kernel(const float4* partial, const T* bias, T* out, int64_t quads, int N,
+__global__ void marlin_sum_splits_kernel(const float4* partial, const T* bias, T* out, int64_t quads, int N,
                                         int splits) {
   using T2 = typename Dtype<T>::T2;
   wait_for_prior_kernel();
@@ -680,7 +680,7 @@ const char* launch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, const Devi
   if (err == cudaSuccess && splits) {
     const int64_t quads = (int64_t)args.M * args.N / 4;
     const int grid = (int)std::min<int64_t>((quads + 255) / 256, 8 * device.sms);
-    err = launch_dependent(wgmma_sum_splits_kernel<T>, dim3(grid), dim3(256), 0, stream, device.dependent_launch, 1,
+    err = launch_dependent(marlin_sum_splits_kernel<T>, dim3(grid), dim3(256), 0, stream, device.dependent_launch, 1,
                            args.partial, static_cast<const T*>(args.bias), static_cast<T*>(args.out), quads, args.N,
                            plan.work.splits);
   }
