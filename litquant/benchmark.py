@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import List, Literal, Optional
 
 import torch
-from litgpt.prompts import PromptStyle
 
 from litquant.assets import JARGON_FILE, calibration_text, evaluation_text, smollm2_checkpoint
 from litquant.config import QuantizeConfig
-from litquant.generate import decode, flex_decoding_pays_in_generate, set_kv_cache, set_next_token
+from litquant.generate import (checkpoint_prompt_style, decode, flex_decoding_pays_in_generate, set_kv_cache,
+                               set_next_token)
 from litquant.kernels import REGISTRY, KernelNotSupported, kernel_class, resolve_device
 from litquant.load import load_model
 from litquant.perplexity import compute_perplexity, read_text
@@ -55,13 +55,13 @@ def disk_mib(checkpoint_dir: Path) -> float:
 
 
 def measure(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: Optional[str] = None, prompt: str,
-            max_new_tokens: int, evaluation: Optional[str], window: int, max_windows: int, compile: bool,
+            max_new_tokens: int, evaluation: Optional[str], window: int, max_windows: Optional[int], compile: bool,
             precision: Optional[str], device: Optional[str]) -> Row:
     """Load `checkpoint_dir` as asked, answer `prompt` greedily (timed after 4 untimed tokens, which pay a process's
     one-time costs and, with `compile`, the compilation), and score `evaluation`."""
     loaded = load_model(checkpoint_dir, kernel=kernel, quantize=quantize, precision=precision, device=device)
     model, tokenizer, device = loaded.model, loaded.tokenizer, loaded.fabric.device
-    encoded = tokenizer.encode(PromptStyle.from_config(loaded.config).apply(prompt), device=device)
+    encoded = tokenizer.encode(checkpoint_prompt_style(Path(checkpoint_dir), loaded.config).apply(prompt), device=device)
     model.max_seq_length = max(encoded.size(0) + max_new_tokens, window if evaluation else 0)
     set_kv_cache(model, device)
     set_next_token(model, compile, flex_decoding=flex_decoding_pays_in_generate(loaded.config, device))
@@ -133,7 +133,7 @@ def benchmark(
     seq_len: int = 512,
     text_file: Optional[Path] = None,
     window: int = 512,
-    max_windows: int = 16,
+    max_windows: Optional[int] = 16,
     prompt: str = "What is a hacker?",
     max_new_tokens: int = 64,
     compile: bool = False,
@@ -161,11 +161,12 @@ def benchmark(
         seq_len: tokens per calibration sequence.
         text_file: held-out text for perplexity. Default: the Jargon File's evaluation slice if installed, else none.
         window: tokens per perplexity window.
-        max_windows: perplexity windows scored (0: no perplexity).
+        max_windows: perplexity windows scored, the first of the text; none: all of them; 0: no perplexity.
         prompt: the question each row answers greedily.
         max_new_tokens: tokens per answer (the tokens/s are over these, prompt included in the time).
         compile: decode with the compiled one-token step (`litquant generate --compile`), timed after compiling.
-        precision: bf16-true, 16-true or 32-true. Default: bf16 on a GPU, fp32 on the CPU.
+        precision: bf16-true, 16-true or 32-true. Default: bf16-true on a GPU that has bf16 (else 16-true), 32-true
+            on the CPU.
         device: cuda or cpu. Default: cuda if available.
         out_dir: keep the quantized checkpoints there (replacing an earlier run's) and write benchmark.json and
             benchmark.md, updated after each row. Default: a temporary directory, removed at the end.
@@ -179,7 +180,7 @@ def benchmark(
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else smollm2_checkpoint()
     jargon = JARGON_FILE.is_file()
     evaluation = None
-    if max_windows and (text_file or jargon):
+    if max_windows != 0 and (text_file or jargon):
         evaluation = read_text(text_file) if text_file else evaluation_text()
     with tempfile.TemporaryDirectory(prefix="litquant-benchmark-") as tmp:
         work_dir = Path(out_dir or tmp)

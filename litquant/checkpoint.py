@@ -19,6 +19,8 @@ from typing import Dict, Iterator, Optional, Tuple
 
 import torch
 from litgpt.config import Config
+from litgpt.model import GPT
+from litgpt.scripts.convert_hf_checkpoint import qkv_reassemble
 from litgpt.tokenizer import Tokenizer
 from litgpt.utils import save_config
 from safetensors import SafetensorError, safe_open
@@ -239,8 +241,9 @@ def _short(names, limit: int = 6) -> str:
     return ", ".join(names[:limit]) + (f" (+{len(names) - limit} more)" if len(names) > limit else "") if names else "none"
 
 
-def load_litgpt_state(checkpoint_dir: Path) -> Dict[str, torch.Tensor]:
-    """The memory-mapped state dict of an ordinary litgpt checkpoint (`lit_model.pth`)."""
+def load_litgpt_state(checkpoint_dir: Path, config: Optional[Config] = None) -> Dict[str, torch.Tensor]:
+    """The memory-mapped state dict of an ordinary litgpt checkpoint (`lit_model.pth`); with `config`, checked to
+    hold every tensor of that model in its shape, and nothing else, before anything is computed from it."""
     path = Path(checkpoint_dir) / "lit_model.pth"
     if not path.is_file():
         hint = " (it is a quantized checkpoint)" if (Path(checkpoint_dir) / WEIGHTS_NAME).is_file() else ""
@@ -249,4 +252,23 @@ def load_litgpt_state(checkpoint_dir: Path) -> Dict[str, torch.Tensor]:
         state = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
     except Exception as e:  # torch raises several types for truncated/corrupt zips
         raise CheckpointError(f"{path} is corrupt or truncated ({type(e).__name__}: {e})") from None
-    return state.get("model", state)
+    state = state.get("model", state)
+    if config is not None:
+        for legacy in [name for name in state if name.endswith((".attn.attn.weight", ".attn.attn.bias"))]:
+            # litgpt < 0.5.5 kept the heads' q, k and v interleaved under `attn.attn`; litgpt's own loader converts
+            # them as here, and converted here every litquant path reads them (in memory, no longer memory-mapped)
+            current = legacy.replace(".attn.attn.", ".attn.qkv.")
+            state[current] = qkv_reassemble(state.pop(legacy), config)
+        with torch.device("meta"):
+            expected = GPT(config).state_dict()
+        problems = []
+        missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+        if missing:
+            problems.append(f"missing tensors: {_short(missing)}")
+        if unexpected:
+            problems.append(f"unexpected tensors: {_short(unexpected)}")
+        problems += [f"{name} has shape {list(state[name].shape)}, the model expects {list(tensor.shape)}"
+                     for name, tensor in expected.items() if name in state and state[name].shape != tensor.shape]
+        if problems:
+            raise CheckpointError(f"{path} does not match model_config.yaml: " + "; ".join(problems))
+    return state

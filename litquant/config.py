@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import List, Literal
 
 from litquant.formats import QuantizedWeight, awq, gptq
+from litquant.formats.common import num_groups
 
 CONFIG_NAME = "quantize_config.json"
 METHODS = ("rtn", "gptq", "awq")
@@ -41,6 +42,13 @@ class QuantizeConfig:
         self.validate()
 
     def validate(self) -> None:
+        wrong_types = [f"{name} must be {kind}, not {getattr(self, name)!r}" for name, kind, ok in (
+            ("bits", "an integer", _is_int(self.bits)), ("group_size", "an integer", _is_int(self.group_size)),
+            ("damp_percent", "a number", _is_int(self.damp_percent) or isinstance(self.damp_percent, float)),
+            *((name, "true or false", isinstance(getattr(self, name), bool))
+              for name in ("sym", "desc_act", "static_groups", "true_sequential"))) if not ok]
+        if wrong_types:  # (from a hand-edited quantize_config.json; the rules below compare numbers)
+            raise ValueError("invalid quantize config: " + "; ".join(wrong_types))
         problems = []
         if self.method not in METHODS:
             problems.append(f"method {self.method!r} is not one of {METHODS}")
@@ -59,6 +67,8 @@ class QuantizeConfig:
                 problems.append("AWQ checkpoints store zero points: use sym=False")
             if self.group_size == -1:
                 problems.append("AWQ checkpoints need a group_size")
+        if self.method == "rtn" and self.desc_act:
+            problems.append("RTN quantizes every weight on its own, in order: desc_act (act_order) needs GPTQ")
         if self.static_groups and not self.desc_act:
             problems.append("static_groups only matters with desc_act=True")
         if not 0 <= self.damp_percent < 1:
@@ -89,8 +99,8 @@ class QuantizeConfig:
             awq.check_layer(self.bits, in_features, out_features, self.group_size)
             awq.check_shapes(tensors, in_features, out_features, self.group_size, self.checkpoint_format[4:], where)
         else:
-            groups = 1 if self.group_size == -1 else -(-in_features // self.group_size)
-            gptq.check_shapes(tensors, self.bits, in_features, out_features, groups, where)
+            gptq.check_shapes(tensors, self.bits, in_features, out_features, num_groups(in_features, self.group_size),
+                              where)
 
     # -- quantize_config.json --
     def to_json_dict(self) -> dict:
@@ -161,6 +171,10 @@ class QuantizeConfig:
         fmt = self.checkpoint_format
         order = " act_order" if self.desc_act else ""
         return f"{self.method} {self.bits}-bit g{self.group_size} {'sym' if self.sym else 'zero-point'}{order} ({fmt})"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def is_quantized_checkpoint(directory: Path) -> bool:

@@ -204,7 +204,8 @@ def generate(
             Default: the checkpoint's.
         quantize: for an ordinary checkpoint, quantize while loading: bnb.nf4, bnb.nf4-dq, bnb.fp4, bnb.fp4-dq
             (bitsandbytes) or rtn.int<bits>[-g<group_size>], e.g. rtn.int4-g128 (litquant's kernels).
-        precision: bf16-true, 16-true or 32-true. Default: bf16 on GPU, fp32 on CPU.
+        precision: bf16-true, 16-true or 32-true. Default: bf16-true on a GPU that has bf16 (else 16-true), 32-true
+            on the CPU.
         device: cuda or cpu. Default: cuda if available.
         compile: compile the decode step with torch.compile (with CUDA graphs on a GPU).
         apply_prompt_style: wrap the prompt in the model's chat template.
@@ -243,8 +244,6 @@ def generate(
 
 
 def _kernel_compiles(model: torch.nn.Module) -> bool:
-    from litquant.kernels.base import QuantLinear
-
     return all(type(m).compiles for m in model.modules() if isinstance(m, QuantLinear))
 
 
@@ -275,10 +274,12 @@ def chat(
             Default: the checkpoint's.
         quantize: for an ordinary checkpoint, quantize while loading: bnb.nf4, bnb.nf4-dq, bnb.fp4, bnb.fp4-dq
             (bitsandbytes) or rtn.int<bits>[-g<group_size>], e.g. rtn.int4-g128 (litquant's kernels).
-        precision: bf16-true, 16-true or 32-true. Default: bf16 on GPU, fp32 on CPU.
+        precision: bf16-true, 16-true or 32-true. Default: bf16-true on a GPU that has bf16 (else 16-true), 32-true
+            on the CPU.
         device: cuda or cpu. Default: cuda if available.
         compile: compile the decode step with torch.compile (with CUDA graphs on a GPU; the attention reads only the
-            filled part of the 4096-position KV cache, through FlexAttention).
+            filled part of a KV cache of up to 4096 positions, or the model's block size where smaller, through
+            FlexAttention).
         multiline: multi-line prompts (end with '!submit' on its own line).
     """
     from litgpt.chat.base import interact

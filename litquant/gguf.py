@@ -31,6 +31,7 @@ from litgpt.config import Config, configs
 from litgpt.model import GPT
 from litgpt.tokenizer import Tokenizer
 from litgpt.utils import save_config
+from tqdm.auto import tqdm
 
 from litquant.checkpoint import pin_add_bos_token
 
@@ -269,7 +270,7 @@ def state_dict_from_gguf(reader: GGUFReader, config: Config) -> Dict[str, torch.
     state_dict = {lit: _dequantize(tensors[name]) for name, lit in GLOBAL_TENSOR_NAMES.items() if name in tensors}
     # Tied embeddings: the same tensor twice; torch.save stores its data once.
     state_dict.setdefault("lm_head.weight", state_dict["transformer.wte.weight"])
-    for i in range(config.n_layer):
+    for i in tqdm(range(config.n_layer), desc="dequantizing", unit="block", dynamic_ncols=True):
         prefix = f"transformer.h.{i}."
         for name, lit in BLOCK_TENSOR_NAMES.items():
             state_dict[prefix + lit] = _dequantize(tensors[f"blk.{i}.{name}"])

@@ -17,7 +17,7 @@ from litquant.checkpoint import (materialize_rope, check_materialized, load_litg
                                  load_with_rtn)
 from litquant.config import QuantizeConfig, is_quantized_checkpoint
 from litquant.fuse import fuse_gate_up
-from litquant.kernels import resolve_device
+from litquant.kernels import default_dtype, resolve_device
 from litquant.precision import QuantizedPrecision, quantizable_linears
 
 BNB_MODES = ("bnb.nf4", "bnb.nf4-dq", "bnb.fp4", "bnb.fp4-dq")
@@ -36,18 +36,14 @@ class LoadedModel:
     load_seconds: float
 
 
-def default_precision(device: torch.device) -> str:
-    """bf16 on GPUs that have it, fp32 on the CPU (where bf16 matmuls are slow on many machines)."""
-    if device.type == "cuda":
-        return "bf16-true" if torch.cuda.is_bf16_supported() else "16-true"
-    return "32-true"
-
-
 def checkpoint_config(checkpoint_dir: Path) -> Config:
     """The model config of a litgpt or litquant checkpoint directory, or a clear error if it is not one."""
     path = Path(checkpoint_dir) / "model_config.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: not a litgpt or litquant checkpoint")
+    if not any((Path(checkpoint_dir) / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
+        raise FileNotFoundError(f"{checkpoint_dir} has no tokenizer.json or tokenizer.model: copy the tokenizer files "
+                                "of the model into it (litgpt's download puts them there)")
     return Config.from_file(path)
 
 
@@ -71,7 +67,7 @@ def load_model(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: 
     checkpoint_dir = Path(checkpoint_dir)
     config = checkpoint_config(checkpoint_dir)
     device = resolve_device(device)
-    precision = precision or default_precision(device)
+    precision = precision or {dtype: name for name, dtype in PRECISIONS.items()}[default_dtype(device)]
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r} is not one of {list(PRECISIONS)}")
     dtype = PRECISIONS[precision]
@@ -97,7 +93,7 @@ def load_model(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: 
         if quantized:
             load_quantized_checkpoint(model, checkpoint_dir, qconfig, device, dtype)
         else:
-            load_with_rtn(model, load_litgpt_state(checkpoint_dir).items(), qconfig, device, dtype)
+            load_with_rtn(model, load_litgpt_state(checkpoint_dir, config).items(), qconfig, device, dtype)
         fuse_gate_up(model)
         label, kernel = qconfig.describe(), plugin.kernel_cls.name
     elif quantize:
@@ -125,7 +121,7 @@ def _load_bnb(config: Config, checkpoint_dir: Path, mode: str, dtype: torch.dtyp
     logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(lambda r: "gemm_4bit_forward" not in r.getMessage())
     import bitsandbytes as bnb
 
-    state = load_litgpt_state(checkpoint_dir)
+    state = load_litgpt_state(checkpoint_dir, config)
     with torch.device("meta"):
         model = GPT(config)
     quant_type, double_quant = mode.split("-")[0], mode.endswith("-dq")
@@ -150,7 +146,7 @@ def _load_bnb(config: Config, checkpoint_dir: Path, mode: str, dtype: torch.dtyp
 
 
 def _load_plain(fabric: L.Fabric, config: Config, checkpoint_dir: Path) -> GPT:
-    state = load_litgpt_state(checkpoint_dir)
+    state = load_litgpt_state(checkpoint_dir, config)
     with fabric.init_module(empty_init=True):
         model = GPT(config)
     model.load_state_dict(state, strict=True)  # load_model wraps it with fabric.setup_module once, for every path

@@ -12,11 +12,12 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 from litgpt.model import GPT
+from tqdm.auto import tqdm
 
 
 @torch.inference_mode()
 def compute_perplexity(model: GPT, tokens: torch.Tensor, window: int = 512, batch_size: int = 4,
-                       max_windows: int = 0) -> Tuple[float, int]:
+                       max_windows: Optional[int] = None, progress: bool = False) -> Tuple[float, int]:
     """Perplexity of `model` over the 1-D `tokens`, and the number of tokens predicted.
 
     Args:
@@ -24,12 +25,15 @@ def compute_perplexity(model: GPT, tokens: torch.Tensor, window: int = 512, batc
         tokens: the token ids of the whole text.
         window: tokens per window; the model must accept sequences that long.
         batch_size: windows per forward pass.
-        max_windows: score only the first `max_windows` windows (0: all).
+        max_windows: score only the first `max_windows` windows (None: all).
+        progress: show a progress bar over the windows.
     """
     if tokens.dim() != 1:
         raise ValueError(f"tokens must be 1-D, got shape {list(tokens.shape)}")
     n_windows = tokens.numel() // window
-    if max_windows:
+    if max_windows is not None:
+        if max_windows < 1:
+            raise ValueError(f"max_windows must be at least 1 (or none, for every window), not {max_windows}")
         n_windows = min(n_windows, max_windows)
     if n_windows == 0:
         raise ValueError(f"the text has {tokens.numel()} tokens, fewer than one window of {window}")
@@ -38,11 +42,14 @@ def compute_perplexity(model: GPT, tokens: torch.Tensor, window: int = 512, batc
     device = next(p for p in model.parameters() if p.device.type != "meta").device
     windows = tokens[: n_windows * window].long().view(n_windows, window)
     nll, count = 0.0, 0
+    bar = tqdm(total=n_windows, desc="perplexity", unit="window", disable=not progress, dynamic_ncols=True)
     for batch in windows.split(batch_size):
+        bar.update(len(batch))
         batch = batch.to(device)
         logits = model(batch[:, :-1]).float()
         nll += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="sum").item()
         count += batch[:, 1:].numel()
+    bar.close()
     ppl = math.exp(nll / count)
     if not math.isfinite(ppl):
         raise FloatingPointError("perplexity is not finite: the model produced NaN/inf logits")
@@ -55,7 +62,7 @@ def perplexity(
     *,
     window: int = 512,
     batch_size: int = 4,
-    max_windows: int = 0,
+    max_windows: Optional[int] = None,
     kernel: Optional[str] = None,
     quantize: Optional[str] = None,
     precision: Optional[str] = None,
@@ -70,12 +77,13 @@ def perplexity(
         text_file: a UTF-8 text file (.txt or .gz). Default: the evaluation slice of Debian's jargon-text.
         window: tokens per window.
         batch_size: windows per forward pass.
-        max_windows: evaluate only the first N windows (0: all).
+        max_windows: evaluate only the first N windows. Default: all.
         kernel: kernel for quantized Linears: auto, or one that `litquant kernels` lists (torch, triton, marlin, ...).
             Default: the checkpoint's.
         quantize: for an ordinary checkpoint, quantize while loading: bnb.nf4, bnb.nf4-dq, bnb.fp4, bnb.fp4-dq
             (bitsandbytes) or rtn.int<bits>[-g<group_size>], e.g. rtn.int4-g128 (litquant's kernels).
-        precision: bf16-true, 16-true or 32-true. Default: bf16 on GPU, fp32 on CPU.
+        precision: bf16-true, 16-true or 32-true. Default: bf16-true on a GPU that has bf16 (else 16-true), 32-true
+            on the CPU.
         device: cuda or cpu. Default: cuda if available.
     """
     from litquant.load import load_model
@@ -83,7 +91,8 @@ def perplexity(
     text = read_text(text_file)
     loaded = load_model(checkpoint_dir, kernel=kernel, quantize=quantize, precision=precision, device=device)
     tokens = loaded.tokenizer.encode(text, bos=False, eos=False)
-    ppl, count = compute_perplexity(loaded.model, tokens, window=window, batch_size=batch_size, max_windows=max_windows)
+    ppl, count = compute_perplexity(loaded.model, tokens, window=window, batch_size=batch_size, max_windows=max_windows,
+                                    progress=True)
     print(f"perplexity: {ppl:.4f}")
     print(f"tokens evaluated: {count} ({loaded.quantization}, kernel {loaded.kernel or '-'}, window {window})")
     return ppl

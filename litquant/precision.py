@@ -6,8 +6,8 @@ model is never materialized), and `convert_module` swaps every `nn.Linear` (exce
 `lm_head` by default) for the chosen kernel's `QuantLinear`. The kernel is chosen, and checked against
 every layer, *before* any weight is read: an unsupported choice fails with the reason and the kernels
 that would work. Weights then arrive through `checkpoint.load_quantized_checkpoint` (a quantized
-checkpoint) or, in the second mode (`rtn=QuantizeConfig(...)`), as ordinary full-precision weights that are
-quantized with RTN while they load.
+checkpoint) or, with an RTN `config` and an ordinary checkpoint, as full-precision weights that are quantized
+while they load (`checkpoint.load_with_rtn`).
 """
 from contextlib import ExitStack
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -26,11 +26,13 @@ def is_ignored(name: str, ignore_modules: Iterable[str]) -> bool:
     return any(name == m or name.startswith(m + ".") for m in ignore_modules)
 
 
-def quantizable_linears(model: nn.Module, ignore_modules: Iterable[str]) -> List[Tuple[str, nn.Linear]]:
-    """The (name, module) of every Linear that a quantized checkpoint of `model` quantizes. MoE routers
-    (`mlp.gate`) always stay in full precision: they are tiny and routing is sensitive to their error."""
-    return [(name, m) for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and not is_ignored(name, ignore_modules) and not name.endswith("mlp.gate")]
+def quantizable_linears(model: nn.Module, ignore_modules: Iterable[str],
+                        prefix: str = "") -> List[Tuple[str, nn.Linear]]:
+    """The (name, module) of every Linear that a quantized checkpoint of `model` quantizes; for a submodule, its
+    full name in the model is `prefix` + name. MoE routers (`mlp.gate`) always stay in full precision: they are
+    tiny and routing is sensitive to their error."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)
+            and not is_ignored(prefix + name, ignore_modules) and not name.endswith("mlp.gate")]
 
 
 def layer_specs(model: nn.Module, config: QuantizeConfig) -> List[Tuple[str, LayerSpec]]:
@@ -73,7 +75,7 @@ class QuantizedPrecision(Precision):
             return module  # already converted
         specs = layer_specs(module, self.config)
         if not specs:
-            raise TypeError("QuantizedPrecision found no Linear layers to quantize in this model")
+            raise ValueError("QuantizedPrecision found no Linear layers to quantize in this model")
         self.kernel_cls = select_kernel(self.kernel, specs, self.device, self.dtype)
         spec_by_name: Dict[str, LayerSpec] = dict(specs)
         for name, linear in quantizable_linears(module, self.config.ignore_modules):

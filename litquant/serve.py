@@ -100,7 +100,8 @@ def serve(
             Default: the checkpoint's.
         quantize: for an ordinary checkpoint, quantize while loading: bnb.nf4, bnb.nf4-dq, bnb.fp4, bnb.fp4-dq
             (bitsandbytes) or rtn.int<bits>[-g<group_size>], e.g. rtn.int4-g128 (litquant's kernels).
-        precision: bf16-true, 16-true or 32-true. Default: bf16 on GPU, fp32 on CPU.
+        precision: bf16-true, 16-true or 32-true. Default: bf16-true on a GPU that has bf16 (else 16-true), 32-true
+            on the CPU.
         temperature: sampling temperature.
         top_k: sample among the k most probable tokens (1: greedy).
         top_p: nucleus sampling threshold.

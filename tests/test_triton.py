@@ -244,7 +244,8 @@ def test_concat_is_both_layers_side_by_side():
 def test_bad_weights_raise_clear_errors():
     qw = random_quantized(256, 48, 4, 64, act_order=False, zero_point=True)
     qw.g_idx = torch.arange(256, device=DEVICE, dtype=torch.int32) % 3  # 3 interleaved groups of 85-86 rows
-    with pytest.raises(ValueError, match="g_idx is not a GPTQ act_order assignment"):
+    with pytest.raises(ValueError, match=r"triton's act_order needs every group to hold exactly group_size rows \(as "
+                                         r"GPTQ desc_act writes them\); this g_idx does not. The torch kernel can run it."):
         tk.repack(qw)
     module = tk.TritonQuantLinear(256, 48, False, LayerSpec(256, 48, 4, 128, False, False), torch.float16)
     with pytest.raises(ValueError, match="weight is 4-bit g64 256x48, the layer expects 4-bit g128 256x48"):

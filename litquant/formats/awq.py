@@ -16,7 +16,7 @@ GEMV (AutoAWQ's WQLinear_GEMV), transposed, natural nibble order:
 """
 import torch
 
-from litquant.formats.common import QuantizedWeight, _to_int32, check_tensors, default_g_idx
+from litquant.formats.common import QuantizedWeight, check_tensors, default_g_idx, to_int32
 
 VERSIONS = ("gemm", "gemv")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -28,7 +28,7 @@ def _pack_nibbles(values: torch.Tensor, order=tuple(range(8))) -> torch.Tensor:
     r, c8 = values.shape
     v = values.to(torch.int64).view(r, c8 // 8, 8)[:, :, list(order)]
     shifts = (torch.arange(8, device=values.device) * 4).view(1, 1, 8)
-    return _to_int32((v << shifts).sum(-1))
+    return to_int32((v << shifts).sum(-1))
 
 
 def _unpack_nibbles(words: torch.Tensor, order=tuple(range(8))) -> torch.Tensor:

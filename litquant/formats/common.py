@@ -39,6 +39,18 @@ class QuantizedWeight:
         """True when g_idx is not the plain `k // group_size`, i.e. rows were quantized out of order."""
         return not torch.equal(self.g_idx, default_g_idx(self.in_features, self.group_size, self.g_idx.device))
 
+    def rows_by_group(self, kernel: str) -> Optional[torch.Tensor]:
+        """act_order: the input rows sorted by group (int64 [K]), which makes every group a contiguous run of rows
+        again; None without act_order. A kernel that takes them so needs groups of exactly `group_size` rows, as
+        GPTQ's desc_act writes them (the torch kernel takes any g_idx)."""
+        if not self.act_order:
+            return None
+        rows = torch.argsort(self.g_idx, stable=True)
+        if not torch.equal(self.g_idx[rows], default_g_idx(self.in_features, self.group_size, self.g_idx.device)):
+            raise ValueError(f"{kernel}'s act_order needs every group to hold exactly group_size rows (as GPTQ desc_act "
+                             "writes them); this g_idx does not. The torch kernel can run it.")
+        return rows
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight as [N, K] in `dtype`, the layout of `nn.Linear.weight`."""
         g = self.g_idx.long()
@@ -94,7 +106,7 @@ def pack_along_rows(codes: torch.Tensor, bits: int) -> torch.Tensor:
     stream = stream.view(rows * bits // 32, 32, cols)
     weights = (torch.ones(32, dtype=torch.int64, device=codes.device) << torch.arange(32, device=codes.device))
     words = (stream * weights.view(1, 32, 1)).sum(1)
-    return _to_int32(words)
+    return to_int32(words)
 
 
 def unpack_along_rows(words: torch.Tensor, bits: int, rows: Optional[int] = None) -> torch.Tensor:
@@ -114,7 +126,8 @@ def unpack_along_rows(words: torch.Tensor, bits: int, rows: Optional[int] = None
     return codes if rows is None else codes[:rows]
 
 
-def _to_int32(words: torch.Tensor) -> torch.Tensor:
+def to_int32(words: torch.Tensor) -> torch.Tensor:
+    """Unsigned 32-bit values held in int64 -> the int32 with the same bits."""
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 

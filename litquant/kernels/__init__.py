@@ -19,7 +19,8 @@ REGISTRY: Dict[str, str] = {
 }
 # The `auto` preference: the fastest first, the reference last. Measured on an H200
 # (benchmarks/results/2026-11-30-kernels-v5.md and -v4.md), marlin is ahead of triton at M = 1..256 on
-# every Llama-2 layer but one case (7B-down at M = 2), and within 4% at M >= 1024, where both end in cuBLAS.
+# every Llama-2 layer but one case (7B-down at M = 2), and within 4% at M >= 1024, where both ended in cuBLAS
+# then (marlin now stays fused up to M = 16383 on Hopper; README, "How marlin runs a layer").
 # For 8-bit layers triton's gemv takes 8-19% less time at M = 1 (decode), so marlin is not `auto`'s pick there
 # (its `auto_bits`; 2026-12-01-kernels-8bit-v2.md and -v3.md).
 AUTO_ORDER: Tuple[str, ...] = ("marlin", "triton", "torch")
@@ -43,6 +44,14 @@ def resolve_device(device: Optional[str]) -> torch.device:
     if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
         raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
     return dev
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """The activation dtype that generate, quantize and `litquant kernels` use unless told: bfloat16 on GPUs that
+    have it, float16 on older ones, float32 on the CPU (where bf16 matmuls are slow on many machines)."""
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
 
 
 def kernel_class(name: str) -> Type[QuantLinear]:
@@ -108,14 +117,12 @@ def check_kernel_settings(name: str, specs: List[Tuple[str, LayerSpec]]) -> None
                                      f"{reason}. Kernels that can: {', '.join(working) or 'none'}")
 
 
-def kernels_table(device: torch.device, dtype: torch.dtype, spec: Optional[LayerSpec] = None) -> List[Tuple[str, str, str]]:
-    """(name, status, description) for each registered kernel on `device`."""
+def kernels_table(device: torch.device, dtype: torch.dtype) -> List[Tuple[str, str, str]]:
+    """(name, status, description) for each registered kernel on `device` in `dtype`."""
     rows = []
     for name in REGISTRY:
         cls = kernel_class(name)
-        reason = cls.unavailable() or (cls.unsupported(spec, device, dtype) if spec else None)
-        if reason is None and device.type not in cls.devices:
-            reason = f"runs on {'/'.join(cls.devices)}, not {device.type}"
+        reason = cls.cannot_run_here(device, dtype)
         rows.append((name, "ok" if reason is None else f"unavailable: {reason}", cls.description))
     return rows
 
@@ -125,17 +132,19 @@ def kernels(device: Optional[str] = None, dtype: Optional[str] = None, build: bo
 
     Args:
         device: cuda or cpu. Default: cuda if available.
-        dtype: activation dtype to check (float16, bfloat16, float32). Default: what `generate` runs in there,
-            bfloat16 on a GPU and float32 on the CPU.
+        dtype: activation dtype to check: float16, bfloat16 or float32. Default: what `generate` runs in there:
+            bfloat16 on a GPU that has it (else float16), float32 on the CPU.
         build: compile the CUDA kernels now instead of on first use.
     """
+    if dtype not in (None, "float16", "bfloat16", "float32"):
+        raise ValueError(f"dtype must be float16, bfloat16 or float32, not {dtype!r}")
+    dev = resolve_device(device)
     if build:
         from litquant.kernels.build import build_all
 
         build_all()
-    dev = resolve_device(device)
-    dtype = dtype or ("bfloat16" if dev.type == "cuda" else "float32")
+    activation_dtype = getattr(torch, dtype) if dtype else default_dtype(dev)
     where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
-    print(f"kernels on {where} ({dtype}):")
-    for name, status, description in kernels_table(dev, getattr(torch, dtype)):
+    print(f"kernels on {where} ({str(activation_dtype).replace('torch.', '')}):")
+    for name, status, description in kernels_table(dev, activation_dtype):
         print(f"  {name:<10} {status}\n  {'':<10} {description}")

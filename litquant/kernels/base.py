@@ -90,6 +90,11 @@ class QuantLinear(nn.Module):
     @classmethod
     def unsupported(cls, spec: LayerSpec, device: torch.device, dtype: torch.dtype) -> Optional[str]:
         """Why this kernel cannot run `spec` on `device` in `dtype` here, else None."""
+        return cls.cannot_run_here(device, dtype) or cls.unsupported_settings(spec)
+
+    @classmethod
+    def cannot_run_here(cls, device: torch.device, dtype: torch.dtype) -> Optional[str]:
+        """Why this kernel cannot run any layer on `device` in `dtype` here, else None."""
         reason = cls.unavailable()
         if reason:
             return reason
@@ -101,7 +106,7 @@ class QuantLinear(nn.Module):
                 return f"needs compute capability >= {cls.min_capability[0]}.{cls.min_capability[1]}, this GPU is {cap[0]}.{cap[1]}"
         if dtype not in cls.dtypes:
             return f"supports {'/'.join(str(d).replace('torch.', '') for d in cls.dtypes)}, not {str(dtype).replace('torch.', '')}"
-        return cls.unsupported_settings(spec)
+        return None
 
     def __init__(self, in_features: int, out_features: int, bias: bool, spec: LayerSpec, dtype: torch.dtype) -> None:
         super().__init__()

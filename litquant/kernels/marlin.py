@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from litquant.formats import QuantizedWeight
-from litquant.formats.common import default_g_idx, num_groups
+from litquant.formats.common import default_g_idx, num_groups, to_int32
 from litquant.kernels import build
 from litquant.kernels.base import QuantLinear
 
@@ -31,11 +31,6 @@ from litquant.kernels.base import QuantLinear
 NIBBLE_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 TILE_K, TILE_N = 16, 64  # one warp tile
 ROWS_PER_PASS = 32  # the mma.sync kernel's rows per pass over the weight past 48 rows (marlin.cu: row_blocks)
-
-
-def _to_int32(words: torch.Tensor) -> torch.Tensor:
-    """Unsigned 32-bit values held in int64 -> the int32 with the same bits."""
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
 def tile_positions(device=None) -> torch.Tensor:
@@ -68,7 +63,7 @@ def repack_weight(codes: torch.Tensor, rows_per_slab: int = 4096) -> torch.Tenso
         tiles = slab.view(kt, TILE_K, n // TILE_N, TILE_N).permute(0, 2, 1, 3).reshape(kt, n // TILE_N, TILE_K * TILE_N)
         nibbles = tiles.index_select(2, positions).view(kt, n // TILE_N, 32, 4, 8).to(torch.int64)
         words = (nibbles << shifts).sum(-1)
-        out[start // TILE_K:start // TILE_K + kt] = _to_int32(words).view(kt, 2 * n)
+        out[start // TILE_K:start // TILE_K + kt] = to_int32(words).view(kt, 2 * n)
     return out
 
 
@@ -87,7 +82,7 @@ def pack_zeros(zeros: torch.Tensor) -> torch.Tensor:
     z = zeros.reshape(g, n // TILE_N, 2, 4, 8).to(torch.int64)  # [G, tile, w, t, i]
     low = (z << (4 * torch.arange(4, device=zeros.device)).view(1, 1, 1, 4, 1)).sum(3)  # [G, tile, w, i]
     words = low | (low << 16)
-    return _to_int32(words.permute(0, 1, 3, 2).reshape(g, n // 4)).contiguous()
+    return to_int32(words.permute(0, 1, 3, 2).reshape(g, n // 4)).contiguous()
 
 
 def nibble_planes(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
@@ -213,14 +208,8 @@ class MarlinQuantLinear(QuantLinear):
                              f"multiple of {self.n_multiple}, got {k}x{n}")
         if qw.group_size not in self.group_sizes:
             raise ValueError(f"marlin supports group_size {'/'.join(map(str, self.group_sizes))}, not {qw.group_size}")
-        codes, perm = qw.codes, None
-        if qw.act_order:
-            # Sorting the rows by group makes each group a contiguous run of rows again; the
-            # activations are gathered in the same order on every call.
-            perm = torch.argsort(qw.g_idx, stable=True)
-            if not torch.equal(qw.g_idx[perm], default_g_idx(k, qw.group_size, qw.g_idx.device)):
-                raise ValueError("marlin's act_order needs every group to hold exactly group_size rows "
-                                 "(as GPTQ desc_act writes them); this g_idx does not")
+        codes, perm = qw.codes, qw.rows_by_group("marlin")
+        if perm is not None:  # the activations are gathered in the same order on every call
             codes = codes[perm]
         scales, zeros, group_size = qw.scales, qw.zeros, qw.group_size
         codes, scales = without_zero_scales(codes, scales, zeros, group_size, self.dtype)

@@ -65,7 +65,7 @@ from triton.runtime.errors import OutOfResources
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from litquant.formats import QuantizedWeight
-from litquant.formats.common import default_g_idx
+from litquant.formats.common import to_int32
 from litquant.kernels import triton_programs as programs
 from litquant.kernels.base import QuantLinear, dependent_launches_allowed
 from litquant.kernels.ops import quant_linear_op
@@ -104,15 +104,9 @@ def repack(qw: QuantizedWeight) -> PackedWeight:
     if group_size != -1 and (group_size <= 0 or group_size % WORDS_PER_CHUNK):
         raise ValueError(f"the triton kernel needs group_size -1 or a multiple of {WORDS_PER_CHUNK}, got {group_size}")
     k, n = qw.in_features, qw.out_features
-    codes, perm = qw.codes, None
-    if qw.act_order:
-        perm = torch.argsort(qw.g_idx, stable=True)
-        if not torch.equal(qw.g_idx[perm], default_g_idx(k, group_size, qw.g_idx.device)):
-            raise ValueError("g_idx is not a GPTQ act_order assignment (after sorting the rows by group, group i must "
-                             f"hold exactly rows [i*{group_size}, (i+1)*{group_size})); the triton kernel cannot "
-                             "serve it, the torch kernel can")
-        codes = codes[perm]
-        perm = perm.to(torch.int32)
+    codes, perm = qw.codes, qw.rows_by_group("triton")
+    if perm is not None:
+        codes, perm = codes[perm], perm.to(torch.int32)
     values, rows = 32 // bits, chunk_rows(bits)
     chunks = -(-k // rows)
     padded = torch.zeros(chunks * rows, n, dtype=torch.uint8, device=codes.device)
@@ -121,7 +115,7 @@ def repack(qw: QuantizedWeight) -> PackedWeight:
     words = torch.zeros(chunks, WORDS_PER_CHUNK, n, dtype=torch.int64, device=codes.device)
     for j in range(values):  # one vectorized pass per field
         words |= fields[:, j].to(torch.int64) << (bits * j)
-    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # reinterpret as signed int32
+    words = to_int32(words)
     scale_bits = qw.scales.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
     scale_zero = (scale_bits | qw.zeros.to(torch.int32) << 16).contiguous()
     return PackedWeight(words.transpose(1, 2).contiguous(), scale_zero, perm, new_locks(n, codes.device), bits,

@@ -61,8 +61,9 @@ from litgpt.model import GPT, Block, CausalSelfAttention, GptNeoxMLP, LLaMAMLP, 
 from litquant.config import QuantizeConfig
 from litquant.formats import QuantizedWeight
 from litquant.formats.common import default_g_idx
-from litquant.precision import is_ignored
-from litquant.quantize.blockwise import BlockInputs, QuantizeBlock, quantize_blockwise
+from litquant.kernels import default_dtype
+from litquant.precision import quantizable_linears
+from litquant.quantize.blockwise import BlockInputs, QuantizeBlock, check_linears_in_blocks, quantize_blockwise
 from litquant.quantize.quantizer import find_params, quantize_codes
 
 log = logging.getLogger("litquant.quantize")
@@ -142,7 +143,7 @@ class BlockPlan:
 
 
 def plan_block(block: Block) -> BlockPlan:
-    """The scale groups and folds of a litgpt block; raises `NotImplementedError` naming what is unsupported.
+    """The scale groups and folds of a litgpt block; raises a ValueError naming what is unsupported.
 
     Supported: `CausalSelfAttention`; `LLaMAMLP`, `GemmaMLP` or `GptNeoxMLP`; `RMSNorm` or affine
     `LayerNorm` before attention and MLP; sequential or parallel residual, with or without a shared norm.
@@ -163,7 +164,7 @@ def plan_block(block: Block) -> BlockPlan:
             problems.append(f"{name} {type(norm).__name__} without a weight (scales are folded into an RMSNorm "
                             "or an affine LayerNorm)")
     if problems:
-        raise NotImplementedError("AWQ does not support this block: " + "; ".join(problems))
+        raise ValueError("AWQ does not support this block: " + "; ".join(problems))
 
     attn, mlp = block.attn, block.mlp
     gated = isinstance(mlp, LLaMAMLP)  # LLaMAMLP and GemmaMLP: proj(act(fc_1(x)) * fc_2(x))
@@ -191,7 +192,7 @@ def plan_block(block: Block) -> BlockPlan:
     linears = {name for name, m in block.named_modules() if isinstance(m, nn.Linear)}
     if linears != set(input_of):
         unexpected = sorted(linears - set(input_of))
-        raise NotImplementedError(f"AWQ does not support this block: unexpected Linears {unexpected}")
+        raise ValueError(f"AWQ does not support this block: unexpected Linears {unexpected}")
     clip_rows = {name: slice(None) for name in input_of}
     clip_rows["attn.qkv"] = value_rows
     return BlockPlan(groups, input_of, clip_rows)
@@ -412,9 +413,7 @@ def block_quantizer(config: QuantizeConfig, duo_scaling: bool = True, apply_clip
     def quantize_block(block: Block, inputs: BlockInputs, prefix: str) -> Dict[str, QuantizedWeight]:
         plan, stats = scale_block(block, inputs, config, duo_scaling, n_grid, prefix)
         quantized = {}
-        for name, linear in block.named_modules():
-            if not isinstance(linear, nn.Linear) or is_ignored(prefix + name, config.ignore_modules):
-                continue
+        for name, linear in quantizable_linears(block, config.ignore_modules, prefix):
             weight, input_stats = linear.weight.float(), stats[plan.input_of[name]]
             xmin, xmax = _group_ranges(weight, config.group_size)
             if apply_clip:
@@ -436,6 +435,18 @@ def block_quantizer(config: QuantizeConfig, duo_scaling: bool = True, apply_clip
     return quantize_block
 
 
+def check_model(model: GPT, config: QuantizeConfig) -> None:
+    """Fail before any work (calibration included) where AWQ cannot quantize `model` as `config` says."""
+    if config.method != "awq":
+        raise ValueError(f"AWQ needs config.method='awq', not {config.method!r}")
+    if config.desc_act:
+        raise ValueError("AWQ quantizes groups in order: desc_act (act_order) is not supported")
+    check_linears_in_blocks(model, config.ignore_modules, "AWQ")
+    for i, block in enumerate(model.transformer.h):
+        plan_block(block)
+        _check_shapes(block, config.group_size, f"transformer.h.{i}.")
+
+
 def quantize_model(model: GPT, tokens: torch.Tensor, config: QuantizeConfig, device: torch.device,
                    batch_size: int = 8, offload: bool = False, duo_scaling: bool = True, apply_clip: bool = True,
                    n_grid: int = 20, dtype: Optional[torch.dtype] = None) -> Dict[str, QuantizedWeight]:
@@ -455,17 +466,11 @@ def quantize_model(model: GPT, tokens: torch.Tensor, config: QuantizeConfig, dev
         duo_scaling: scale by mean|x|^α / mean|w|^(1-α) instead of mean|x|^α.
         apply_clip: search a clipped range per output row and group.
         n_grid: number of α values tried, i / n_grid for i < n_grid.
-        dtype: the blocks' dtype during quantization (None: bfloat16 on CUDA, float32 elsewhere).
+        dtype: the blocks' dtype during quantization (None: `default_dtype(device)`).
     """
-    if config.method != "awq":
-        raise ValueError(f"quantize_model of AWQ needs config.method='awq', not {config.method!r}")
-    if config.desc_act:
-        raise ValueError("AWQ quantizes groups in order: desc_act (act_order) is not supported")
-    for i, block in enumerate(model.transformer.h):  # fail before any work
-        plan_block(block)
-        _check_shapes(block, config.group_size, f"transformer.h.{i}.")
+    check_model(model, config)
     device = torch.device(device)
     if dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        dtype = default_dtype(device)
     quantize_block = block_quantizer(config, duo_scaling, apply_clip, n_grid)
     return quantize_blockwise(model, tokens, quantize_block, device, dtype, batch_size, offload, description="AWQ")

@@ -19,6 +19,7 @@ from litgpt.model import GPT, Block
 from tqdm.auto import tqdm
 
 from litquant.formats import QuantizedWeight
+from litquant.precision import quantizable_linears
 
 log = logging.getLogger("litquant.quantize")
 
@@ -29,9 +30,6 @@ class BlockInputs:
     def __init__(self, hidden: List[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, device: torch.device,
                  offload: bool) -> None:
         self.hidden, self.cos, self.sin, self.device, self.offload = hidden, cos, sin, device, offload
-
-    def __len__(self) -> int:
-        return len(self.hidden)
 
     def batches(self) -> Iterator[torch.Tensor]:
         """Each batch [b, T, n_embd] on the compute device."""
@@ -50,6 +48,17 @@ class BlockInputs:
 
 
 QuantizeBlock = Callable[[Block, BlockInputs, str], Dict[str, QuantizedWeight]]
+
+
+def check_linears_in_blocks(model: GPT, ignore_modules: List[str], method: str) -> None:
+    """Refuse a model with Linears to quantize outside its transformer blocks, which this driver never reaches (a
+    checkpoint without them would not load): lm_head, unless `ignore_modules` names it."""
+    outside = [name for name, _ in quantizable_linears(model, ignore_modules) if not name.startswith("transformer.h.")]
+    if outside:
+        raise ValueError(f"{method} quantizes the Linears of the transformer blocks, and {', '.join(outside)} "
+                         f"{'lies' if len(outside) == 1 else 'lie'} outside them: add "
+                         f"{'it' if len(outside) == 1 else 'them'} to ignore_modules (as the default, "
+                         "['lm_head'], does), or quantize with rtn")
 
 
 @torch.no_grad()

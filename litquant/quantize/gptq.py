@@ -46,8 +46,9 @@ from litgpt.model import GPT, Block
 from litquant.config import QuantizeConfig
 from litquant.formats import QuantizedWeight
 from litquant.formats.common import num_groups
-from litquant.precision import is_ignored
-from litquant.quantize.blockwise import BlockInputs, QuantizeBlock, quantize_blockwise
+from litquant.kernels import default_dtype
+from litquant.precision import quantizable_linears
+from litquant.quantize.blockwise import BlockInputs, QuantizeBlock, check_linears_in_blocks, quantize_blockwise
 from litquant.quantize.quantizer import dequantize_codes, find_params, quantize_codes, rtn_quantize
 
 log = logging.getLogger("litquant.quantize")
@@ -64,9 +65,6 @@ SEQUENTIAL_STAGES = (
     ("mlp.fc_1", "mlp.fc_2", "mlp.fc"),
     ("mlp.proj",),
 )
-# Linears a block keeps in full precision: the router of a mixture of experts (it picks experts by
-# comparing logits, and is tiny).
-UNQUANTIZED = ("mlp.gate",)
 _EXPERT = re.compile(r"(shared_)?experts\.(\d+\.)?")
 
 
@@ -258,8 +256,7 @@ def block_quantizer(config: QuantizeConfig, block_size: int = 128) -> QuantizeBl
 
     @torch.no_grad()
     def quantize_block(block: Block, inputs: BlockInputs, prefix: str) -> Dict[str, QuantizedWeight]:
-        names = [name for name, m in block.named_modules() if isinstance(m, nn.Linear)
-                 and name not in UNQUANTIZED and not is_ignored(prefix + name, config.ignore_modules)]
+        names = [name for name, _ in quantizable_linears(block, config.ignore_modules, prefix)]
         stages = sequential_stages(names) if config.true_sequential else [names]
         quantized = {}
         for stage in stages:
@@ -292,6 +289,17 @@ def quantize_linear(linear: nn.Linear, hessian: Optional[Hessian], config: Quant
     return qw
 
 
+def check_model(model: GPT, config: QuantizeConfig) -> None:
+    """Fail before any work (calibration included) where GPTQ cannot quantize `model` as `config` says."""
+    if config.method != "gptq":
+        raise ValueError(f"GPTQ needs config.method='gptq', not {config.method!r}")
+    check_linears_in_blocks(model, config.ignore_modules, "GPTQ")
+    if config.true_sequential:
+        for i, block in enumerate(model.transformer.h):
+            sequential_stages([name for name, _ in quantizable_linears(block, config.ignore_modules,
+                                                                       f"transformer.h.{i}.")])
+
+
 def quantize_model(model: GPT, tokens: torch.Tensor, config: QuantizeConfig, device: torch.device,
                    batch_size: int = 8, offload: bool = False,
                    dtype: Optional[torch.dtype] = None) -> Dict[str, QuantizedWeight]:
@@ -307,16 +315,15 @@ def quantize_model(model: GPT, tokens: torch.Tensor, config: QuantizeConfig, dev
         device: where each block is quantized.
         batch_size: calibration samples per forward pass.
         offload: keep the activations between blocks on the CPU.
-        dtype: the blocks' dtype during quantization (None: bfloat16 on CUDA, float32 elsewhere). Hessians
+        dtype: the blocks' dtype during quantization (None: `default_dtype(device)`). Hessians
             and the GPTQ updates are always fp32.
     """
-    if config.method != "gptq":
-        raise ValueError(f"quantize_model of GPTQ needs config.method='gptq', not {config.method!r}")
+    check_model(model, config)
     if tokens.dim() != 2:
         raise ValueError(f"calibration tokens must be [num_samples, seq_len], got shape {list(tokens.shape)}")
     device = torch.device(device)
     if dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        dtype = default_dtype(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()

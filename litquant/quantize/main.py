@@ -11,9 +11,11 @@ from litgpt.tokenizer import Tokenizer
 
 from litquant.checkpoint import check_out_dir, load_litgpt_state, save_quantized_checkpoint
 from litquant.config import QuantizeConfig
-from litquant.kernels import check_kernel_settings, resolve_device
+from litquant.kernels import check_kernel_settings, default_dtype, resolve_device
 from litquant.load import checkpoint_config
 from litquant.precision import layer_specs
+from litquant.quantize import awq, gptq, rtn
+from litquant.quantize.calibration import calibration_tokens
 
 log = logging.getLogger("litquant.quantize")
 
@@ -67,11 +69,11 @@ def quantize(
         kernel: the kernel `litquant generate` uses by default: auto, or one that `litquant kernels` lists; checked
             against the settings before any work.
         data: a litgpt DataModule for calibration (e.g. Alpaca, where the hub is reachable).
-        calibration_file: a .txt/.jsonl file or a directory of them for calibration. With neither `data` nor
+        calibration_file: a .txt, .jsonl or .json file, or a directory of them, for calibration. With neither `data` nor
             this, calibration text is sampled from the model itself (data-free).
         num_samples: calibration sequences.
         seq_len: tokens per calibration sequence. Default: 2048 for gptq, 512 for awq.
-        batch_size: calibration sequences per forward pass.
+        batch_size: calibration sequences per forward pass (also when the model writes its own calibration text).
         device: where blocks are quantized. Default: cuda if available, else cpu.
         offload: keep calibration activations on the CPU between blocks (for very large models).
         seed: seed for shuffling and self-generated calibration.
@@ -87,40 +89,33 @@ def quantize(
                             static_groups=static_groups, true_sequential=true_sequential, damp_percent=damp_percent,
                             checkpoint_format=fmt, kernel=kernel, ignore_modules=list(ignore_modules))
     model_config = checkpoint_config(checkpoint_dir)
-    with torch.device("meta"):
-        check_kernel_settings(kernel, layer_specs(GPT(model_config), config))
+    with torch.device("meta"):  # the model's structure only, to fail before any work
+        structure = GPT(model_config)
+    check_kernel_settings(kernel, layer_specs(structure, config))
+    recipe = {"gptq": gptq, "awq": awq}.get(method)
+    if recipe:
+        recipe.check_model(structure, config)
     out_dir = Path(out_dir) if out_dir else checkpoint_dir.parent / f"{checkpoint_dir.name}-{method}-{bits}bit-g{group_size}"
     check_out_dir(out_dir, overwrite)
     device = resolve_device(device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = default_dtype(device)
     save_dtype = torch.bfloat16
-    state = load_litgpt_state(checkpoint_dir)
+    state = load_litgpt_state(checkpoint_dir, model_config)
     log.info(f"quantizing {checkpoint_dir} with {config.describe()} on {device}")
     start = time.perf_counter()
 
     if method == "rtn":
-        from litquant.quantize.rtn import quantize_state_dict
-
-        quantized, others = quantize_state_dict(state, model_config, config, device, save_dtype)
+        quantized, others = rtn.quantize_state_dict(state, model_config, config, device, save_dtype)
     else:
         model = GPT(model_config)
         model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True)
         model.eval()
-        from litquant.quantize.calibration import calibration_tokens
-
         tokens = calibration_tokens(Tokenizer(checkpoint_dir), model=model, data=data, calibration_file=calibration_file,
                                     num_samples=num_samples, seq_len=seq_len or (512 if method == "awq" else 2048),
-                                    seed=seed, device=device)
-        if method == "gptq":
-            from litquant.quantize.gptq import quantize_model
-
-            quantized = quantize_model(model, tokens, config, device=device, batch_size=batch_size, offload=offload,
-                                       dtype=dtype)
-        else:
-            from litquant.quantize.awq import quantize_model
-
-            quantized = quantize_model(model, tokens, config, device=device, batch_size=batch_size, offload=offload,
-                                       duo_scaling=duo_scaling, apply_clip=apply_clip, dtype=dtype)
+                                    seed=seed, device=device, batch_size=batch_size)
+        recipe_options = dict(duo_scaling=duo_scaling, apply_clip=apply_clip) if method == "awq" else {}
+        quantized = recipe.quantize_model(model, tokens, config, device=device, batch_size=batch_size,
+                                          offload=offload, dtype=dtype, **recipe_options)
         others = {n: t.to(save_dtype) if t.is_floating_point() else t for n, t in model.state_dict().items()
                   if n.rpartition(".")[0] not in quantized}
         for name, qw in quantized.items():
