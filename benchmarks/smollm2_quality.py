@@ -42,7 +42,7 @@ def main(out_dir: Path, variants: Optional[List[str]] = None, max_windows: Optio
     Args:
         out_dir: where the JSON and the quantized checkpoints (under `checkpoints/`) go.
         variants: the names of `VARIANTS` to run (default: all).
-        max_windows: perplexity windows of 512 tokens scored (none: the whole evaluation slice).
+        max_windows: perplexity windows of 512 tokens scored (null: the whole evaluation slice).
         device: where to quantize and score.
     """
     from litquant import assets

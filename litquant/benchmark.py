@@ -161,7 +161,7 @@ def benchmark(
         seq_len: tokens per calibration sequence.
         text_file: held-out text for perplexity. Default: the Jargon File's evaluation slice if installed, else none.
         window: tokens per perplexity window.
-        max_windows: perplexity windows scored, the first of the text; none: all of them; 0: no perplexity.
+        max_windows: perplexity windows scored (the first of the text); null: all of them; 0: no perplexity.
         prompt: the question each row answers greedily.
         max_new_tokens: tokens per answer (the tokens/s are over these, prompt included in the time).
         compile: decode with the compiled one-token step (`litquant generate --compile`), timed after compiling.
@@ -173,6 +173,8 @@ def benchmark(
     """
     from litquant.quantize.main import quantize
 
+    if max_windows is not None and max_windows < 0:
+        raise ValueError(f"max_windows must be 0 (no perplexity), positive, or null (every window), not {max_windows}")
     kernels = list(dict.fromkeys(k for name in kernels for k in (REGISTRY if name == "all" else [name])))
     for kernel in set(kernels) - {"auto"}:
         kernel_class(kernel)  # an unknown name fails here, before any quantizing

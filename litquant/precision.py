@@ -32,7 +32,7 @@ def quantizable_linears(model: nn.Module, ignore_modules: Iterable[str],
     full name in the model is `prefix` + name. MoE routers (`mlp.gate`) always stay in full precision: they are
     tiny and routing is sensitive to their error."""
     return [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)
-            and not is_ignored(prefix + name, ignore_modules) and not name.endswith("mlp.gate")]
+            and not is_ignored(prefix + name, ignore_modules) and not (prefix + name).endswith("mlp.gate")]
 
 
 def layer_specs(model: nn.Module, config: QuantizeConfig) -> List[Tuple[str, LayerSpec]]:

@@ -50,7 +50,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
     """The activation dtype that generate, quantize and `litquant kernels` use unless told: bfloat16 on GPUs that
     have it, float16 on older ones, float32 on the CPU (where bf16 matmuls are slow on many machines)."""
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     return torch.float32
 
 

@@ -4,7 +4,7 @@
     mma_kernel      tensor cores, the weights dequantized in 16 bits in the dot operand's registers
     dequant_kernel  the whole weight in the activation dtype, for cuBLAS at large M
 Each reads the layout that `triton_kernel.repack` writes (see that module's docstring). The Gluon wgmma kernel
-(`triton_wgmma`) shares the 16-bit dequantization (`PAIR_ASM`) and the tile order (`grouped_tile`).
+(`triton_wgmma`) shares the 16-bit dequantization (`BF16_PAIR_ASM`, `FP16_PAIR_ASM`) and the tile order (`grouped_tile`).
 
 Dequantization without int-to-float conversions
     A field q shifted under the exponent of 1.0 (one shift, one AND/OR) is the fp32 value f = 1 + q / 2**bits,
