@@ -42,12 +42,15 @@ class QuantizeConfig:
         self.validate()
 
     def validate(self) -> None:
-        wrong_types = [f"{name} must be {kind}, not {getattr(self, name)!r}" for name, kind, ok in (
-            ("bits", "an integer", _is_int(self.bits)), ("group_size", "an integer", _is_int(self.group_size)),
-            ("damp_percent", "a number", _is_int(self.damp_percent) or isinstance(self.damp_percent, float)),
-            *((name, "true or false", isinstance(getattr(self, name), bool))
-              for name in ("sym", "desc_act", "static_groups", "true_sequential"))) if not ok]
-        if wrong_types:  # (from a hand-edited quantize_config.json; the rules below compare numbers)
+        # Types first (a hand-edited quantize_config.json may hold "128"; the rules below compare numbers).
+        wrong_types = [f"{name} must be an integer, not {getattr(self, name)!r}"
+                       for name in ("bits", "group_size") if not _is_int(getattr(self, name))]
+        wrong_types += [f"{name} must be true or false, not {getattr(self, name)!r}"
+                        for name in ("sym", "desc_act", "static_groups", "true_sequential")
+                        if not isinstance(getattr(self, name), bool)]
+        if not (_is_int(self.damp_percent) or isinstance(self.damp_percent, float)):
+            wrong_types.append(f"damp_percent must be a number, not {self.damp_percent!r}")
+        if wrong_types:
             raise ValueError("invalid quantize config: " + "; ".join(wrong_types))
         problems = []
         if self.method not in METHODS:
