@@ -5,11 +5,13 @@ script would overwrite litgpt's own, so litquant is a superset under its own nam
 `serve` are litquant's versions: they also load quantized checkpoints, and plain ones as before.
 """
 import os
+import re
 import sys
 import warnings
+from typing import Any, List, Literal, NoReturn, Optional, get_args, get_origin
 
 import torch
-from jsonargparse import CLI, set_parsing_settings
+from jsonargparse import CLI, ArgumentParser, set_parsing_settings
 from litgpt.__main__ import PARSER_DATA as LITGPT_COMMANDS
 
 from litquant.benchmark import benchmark
@@ -42,13 +44,38 @@ COMMANDS = {
 USER_ERRORS = (ValueError, OSError, FloatingPointError, torch.linalg.LinAlgError, BuildError, ImportError)
 
 
+def literal_choices(typehint: Any) -> List[Any]:
+    """The values of the `Literal`s in a type hint, e.g. `List[Literal["rtn", "gptq"]]` -> `["rtn", "gptq"]`."""
+    if get_origin(typehint) is Literal:
+        return list(get_args(typehint))
+    return [choice for arg in get_args(typehint) for choice in literal_choices(arg)]
+
+
+class Parser(ArgumentParser):
+    """jsonargparse's parser, naming the choices when a value is not one of a `Literal`'s.
+
+    jsonargparse up to 4.41 (the newest that litgpt allows) answers a string outside an all-string `Literal`, e.g.
+    `--method foo`, with "Cannot take a Union of no types.": it looks for a non-string type to try the string as next,
+    and builds an empty Union. Each subcommand's parser is of the root parser's class, so this reaches all of them.
+    """
+
+    def error(self, message: str, ex: Optional[Exception] = None) -> NoReturn:
+        key = re.match(r'Parser key "([^"]+)":\s*Cannot take a Union of no types', message)
+        action = key and next((action for action in self._actions if action.dest == key.group(1)), None)
+        choices = literal_choices(getattr(action, "_typehint", None))
+        if choices:
+            message = f'Parser key "{key.group(1)}": expected one of {", ".join(map(str, choices))}'
+        super().error(message, ex)
+
+
 def main() -> None:
     set_parsing_settings(docstring_parse_attribute_docstrings=True, config_read_mode_urls_enabled=False)
     warnings.filterwarnings("ignore", message=r".*The epoch parameter in `scheduler.step\(\)`.*")
     torch.set_float32_matmul_precision("high")
     try:
-        CLI(COMMANDS, description="litgpt's commands, plus GPTQ, AWQ and RTN quantization (quantize), quantized "
-                                  "checkpoints in generate, chat, serve and perplexity, and fast kernels for them.")
+        CLI(COMMANDS, parser_class=Parser,
+            description="litgpt's commands, plus GPTQ, AWQ and RTN quantization (quantize), quantized checkpoints in "
+                        "generate, chat, serve and perplexity, and fast kernels for them.")
     except USER_ERRORS as e:
         # Bad input (a missing or corrupt checkpoint, a kernel that cannot run it, an out_dir in the way, ...): its
         # message is written for the user, so one line says it, not a traceback.

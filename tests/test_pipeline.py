@@ -354,6 +354,16 @@ def test_cli_says_what_is_wrong_with_the_input_in_one_line(tmp_path):
     assert done.returncode == 1 and "Traceback" in done.stderr and "FileNotFoundError" in done.stderr
 
 
+@pytest.mark.parametrize("arguments, message", [
+    (["quantize", "--method", "foo"], 'Parser key "method": expected one of rtn, gptq, awq'),
+    (["benchmark", "--methods", "[rtn,foo]"], 'Parser key "methods": expected one of rtn, gptq, awq'),
+])
+def test_cli_names_the_choices_of_a_mistyped_choice(arguments, message):
+    """Not jsonargparse 4.41's "Cannot take a Union of no types." (`litquant.__main__.Parser`)."""
+    done = subprocess.run([sys.executable, "-m", "litquant", *arguments], capture_output=True, text=True)
+    assert done.returncode == 2 and f"error: {message}\n" in done.stderr and "Union" not in done.stderr
+
+
 def test_readme_rtn_quantize_and_generate_commands_run(tiny_llama_checkpoint, tmp_path):
     """The README's RTN quantize and generate lines, as written there, on a tiny checkpoint."""
     readme = (Path(__file__).parents[1] / "README.md").read_text().splitlines()
