@@ -17,6 +17,7 @@ from typing import Callable, Dict, Iterator, List
 import torch
 from litgpt.model import GPT, Block
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from litquant.formats import QuantizedWeight
 from litquant.precision import quantizable_linears
@@ -92,15 +93,17 @@ def quantize_blockwise(model: GPT, tokens: torch.Tensor, quantize_block: Quantiz
     quantized: Dict[str, QuantizedWeight] = {}
     start = time.perf_counter()
     blocks = model.transformer.h
-    for i, block in enumerate(tqdm(blocks, desc=description, unit="block", dynamic_ncols=True)):
-        block.to(device, dtype)
-        prefix = f"transformer.h.{i}."
-        for name, qw in quantize_block(block, inputs, prefix).items():
-            quantized[prefix + name] = qw.to("cpu")
-        inputs = inputs.run(block)
-        block.to("cpu")
-        if not all(torch.isfinite(h).all() for h in inputs.hidden):
-            raise FloatingPointError(f"block {i} produced non-finite activations after quantization")
+    # The per-layer errors are logged through tqdm.write, so that each starts its own line above the bar.
+    with logging_redirect_tqdm():
+        for i, block in enumerate(tqdm(blocks, desc=description, unit="block", dynamic_ncols=True)):
+            block.to(device, dtype)
+            prefix = f"transformer.h.{i}."
+            for name, qw in quantize_block(block, inputs, prefix).items():
+                quantized[prefix + name] = qw.to("cpu")
+            inputs = inputs.run(block)
+            block.to("cpu")
+            if not all(torch.isfinite(h).all() for h in inputs.hidden):
+                raise FloatingPointError(f"block {i} produced non-finite activations after quantization")
     elapsed = time.perf_counter() - start
     peak = f", peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB" if device.type == "cuda" else ""
     log.info(f"quantized {len(blocks)} blocks in {elapsed:.1f} s{peak}")
