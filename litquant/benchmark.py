@@ -26,7 +26,7 @@ from litquant.generate import (checkpoint_prompt_style, decode, flex_decoding_pa
                                set_next_token)
 from litquant.kernels import REGISTRY, KernelNotSupported, kernel_class, resolve_device
 from litquant.load import load_model
-from litquant.perplexity import compute_perplexity, read_text
+from litquant.perplexity import check_windows, compute_perplexity, read_text
 
 
 @dataclass
@@ -175,6 +175,8 @@ def benchmark(
 
     if max_windows is not None and max_windows < 0:
         raise ValueError(f"max_windows must be 0 (no perplexity), positive, or null (every window), not {max_windows}")
+    if max_windows != 0:
+        check_windows(window, max_windows)
     kernels = list(dict.fromkeys(k for name in kernels for k in (REGISTRY if name == "all" else [name])))
     for kernel in set(kernels) - {"auto"}:
         kernel_class(kernel)  # an unknown name fails here, before any quantizing

@@ -26,7 +26,7 @@ from litgpt.utils import save_config
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from litquant.config import CONFIG_NAME, QuantizeConfig
+from litquant.config import CONFIG_NAME, QuantizeConfig, is_quantized_checkpoint
 from litquant.formats import QuantizedWeight
 from litquant.kernels.base import QuantLinear
 from litquant.quantize.quantizer import rtn_quantize
@@ -172,7 +172,8 @@ def load_quantized_checkpoint(model: torch.nn.Module, checkpoint_dir: Path, conf
                 if shape != tuple(t.shape):
                     problems.append(f"{n} has shape {list(shape)}, the model expects {list(t.shape)}")
         if problems:
-            raise CheckpointError(f"{path} does not match model_config.yaml / quantize_config.json: " + "; ".join(problems))
+            raise CheckpointError(f"{path} does not match model_config.yaml / quantize_config.json: "
+                                  + _short(problems, 4, "; "))
 
         for qname, m in quant_modules.items():
             tensors = {key: _read(f, f"{qname}.{key}", path).to(device)
@@ -236,9 +237,9 @@ def _read_is_float(handle, name: str) -> bool:
     return _st_dtype(handle.get_slice(name).get_dtype()) in (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _short(names, limit: int = 6) -> str:
+def _short(names, limit: int = 6, separator: str = ", ") -> str:
     names = list(names)
-    return ", ".join(names[:limit]) + (f" (+{len(names) - limit} more)" if len(names) > limit else "") if names else "none"
+    return separator.join(names[:limit]) + (f" (+{len(names) - limit} more)" if len(names) > limit else "") if names else "none"
 
 
 def load_litgpt_state(checkpoint_dir: Path, config: Optional[Config] = None) -> Dict[str, torch.Tensor]:
@@ -246,7 +247,10 @@ def load_litgpt_state(checkpoint_dir: Path, config: Optional[Config] = None) -> 
     hold every tensor of that model in its shape, and nothing else, before anything is computed from it."""
     path = Path(checkpoint_dir) / "lit_model.pth"
     if not path.is_file():
-        hint = " (it is a quantized checkpoint)" if (Path(checkpoint_dir) / WEIGHTS_NAME).is_file() else ""
+        hint = ""
+        if (Path(checkpoint_dir) / WEIGHTS_NAME).is_file():
+            hint = (" (it is a quantized checkpoint)" if is_quantized_checkpoint(checkpoint_dir) else
+                    f" (it has {WEIGHTS_NAME} but no quantize_config.json: a quantized checkpoint that lost its config)")
         raise CheckpointError(f"{path} not found: {checkpoint_dir} is not a litgpt checkpoint{hint}")
     try:
         state = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
@@ -270,5 +274,5 @@ def load_litgpt_state(checkpoint_dir: Path, config: Optional[Config] = None) -> 
         problems += [f"{name} has shape {list(state[name].shape)}, the model expects {list(tensor.shape)}"
                      for name, tensor in expected.items() if name in state and state[name].shape != tensor.shape]
         if problems:
-            raise CheckpointError(f"{path} does not match model_config.yaml: " + "; ".join(problems))
+            raise CheckpointError(f"{path} does not match model_config.yaml: " + _short(problems, 4, "; "))
     return state

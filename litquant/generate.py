@@ -174,6 +174,18 @@ def decode(model, prompt: torch.Tensor, max_new_tokens: int, *, eos_id: Optional
 
 
 @torch.inference_mode()
+def check_sampling(max_new_tokens: int, temperature: float, top_k: Optional[int], top_p: float) -> None:
+    """Refuse sampling settings that cannot sample (callers check them before loading a model)."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be 0 (greedy) or more, not {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be at least 1 (or none, for every token), not {top_k}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], not {top_p}")
+
+
 def generate(
     checkpoint_dir: Path,
     prompt: str = "What food do llamas eat?",
@@ -210,6 +222,9 @@ def generate(
         compile: compile the decode step with torch.compile (with CUDA graphs on a GPU).
         apply_prompt_style: wrap the prompt in the model's chat template.
     """
+    check_sampling(max_new_tokens, temperature, top_k, top_p)
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be at least 1, not {num_samples}")
     loaded = load_model(checkpoint_dir, kernel=kernel, quantize=quantize, precision=precision, device=device)
     fabric, model, tokenizer = loaded.fabric, loaded.model, loaded.tokenizer
     print(f"loaded {checkpoint_dir} ({loaded.quantization}, kernel {loaded.kernel or '-'}) in {loaded.load_seconds:.2f} s",
@@ -262,7 +277,7 @@ def chat(
     compile: bool = False,
     multiline: bool = False,
 ) -> None:
-    """Chat with a quantized (or ordinary) checkpoint. Enter an empty prompt to quit.
+    """Chat with a quantized (or ordinary) checkpoint. An empty prompt, !quit or the end of the input quits.
 
     Args:
         checkpoint_dir: a quantized checkpoint from `litquant quantize`, or an ordinary litgpt checkpoint.
@@ -284,14 +299,18 @@ def chat(
     """
     from litgpt.chat.base import interact
 
+    check_sampling(max_new_tokens, temperature, top_k, top_p)
     loaded = load_model(checkpoint_dir, kernel=kernel, quantize=quantize, precision=precision, device=device)
     model, tokenizer = loaded.model, loaded.tokenizer
     # litgpt's chat starts every turn at position 0 of the cache (it does not carry the conversation over)
     set_shared_kv_cache(model, loaded.config, loaded.fabric.device, compile=compile)
     style = checkpoint_prompt_style(Path(checkpoint_dir), loaded.config)
     print(f"Now chatting with {loaded.config.name} ({loaded.quantization}, kernel {loaded.kernel or '-'}).\n"
-          "To exit, press 'Enter' on an empty prompt.\n")
+          "To exit, press 'Enter' on an empty prompt, type !quit, or press Ctrl-D.\n")
     L.seed_everything(1234)
-    interact(multiline=multiline, model=model, tokenizer=tokenizer, prompt_style=style, fabric=loaded.fabric,
-             temperature=temperature, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p,
-             stop_tokens=style.stop_tokens(tokenizer))
+    try:
+        interact(multiline=multiline, model=model, tokenizer=tokenizer, prompt_style=style, fabric=loaded.fabric,
+                 temperature=temperature, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p,
+                 stop_tokens=style.stop_tokens(tokenizer))
+    except EOFError:  # the end of piped input, or Ctrl-D: litgpt's loop reads with input(), which raises this
+        print()

@@ -14,11 +14,11 @@ from litgpt.model import GPT
 from litgpt.tokenizer import Tokenizer
 
 from litquant.checkpoint import (materialize_rope, check_materialized, load_litgpt_state, load_quantized_checkpoint,
-                                 load_with_rtn)
+                                 load_with_rtn, open_weights)
 from litquant.config import QuantizeConfig, is_quantized_checkpoint
 from litquant.fuse import fuse_gate_up
-from litquant.kernels import default_dtype, resolve_device
-from litquant.precision import QuantizedPrecision, quantizable_linears
+from litquant.kernels import default_dtype, resolve_device, select_kernel
+from litquant.precision import QuantizedPrecision, layer_specs, quantizable_linears
 
 BNB_MODES = ("bnb.nf4", "bnb.nf4-dq", "bnb.fp4", "bnb.fp4-dq")
 RTN_PATTERN = re.compile(r"^rtn\.int([2348])(?:-g(-1|\d+))?$")
@@ -55,6 +55,55 @@ def parse_rtn(quantize: str) -> Tuple[int, int]:
     return int(m.group(1)), int(m.group(2) or 128)
 
 
+@dataclass
+class LoadPlan:
+    """What `load_model` will load, with every refusal that needs no weights already made."""
+    checkpoint_dir: Path
+    config: Config
+    device: torch.device
+    precision: str
+    qconfig: Optional[QuantizeConfig]  # for a quantized checkpoint, or RTN while loading
+    kernel: Optional[str]
+    quantize: Optional[str]
+    quantized: bool
+
+
+def plan_load(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: Optional[str] = None,
+              precision: Optional[str] = None, device: Optional[str] = None) -> LoadPlan:
+    """Check the checkpoint and the settings before any weight is read: the config, the device and precision, the
+    quantize config, the weights file's header (a truncated file fails here), and a kernel named for this device.
+    `serve` calls it in its own process, because LitServe loads the model in a worker, where a refusal would end
+    in a traceback."""
+    checkpoint_dir = Path(checkpoint_dir)
+    config = checkpoint_config(checkpoint_dir)
+    device = resolve_device(device)
+    precision = precision or {dtype: name for name, dtype in PRECISIONS.items()}[default_dtype(device)]
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not one of {list(PRECISIONS)}")
+    quantized = is_quantized_checkpoint(checkpoint_dir)
+    if quantized and quantize:
+        raise ValueError(f"{checkpoint_dir} is already quantized; drop --quantize")
+    if kernel and not quantized and not (quantize or "").startswith("rtn"):
+        raise ValueError("--kernel applies to quantized checkpoints and --quantize rtn.*; this checkpoint is neither")
+    qconfig = None
+    if quantized:
+        qconfig = QuantizeConfig.load(checkpoint_dir)
+    elif (quantize or "").startswith("rtn"):
+        bits, group_size = parse_rtn(quantize)
+        qconfig = QuantizeConfig(method="rtn", bits=bits, group_size=group_size)
+    elif quantize and quantize not in BNB_MODES:
+        parse_rtn(quantize)  # raises the error that lists the valid choices
+    if qconfig:
+        kernel = kernel or qconfig.kernel
+        if kernel != "auto":  # auto falls back to torch; it is picked (and built) at load
+            with torch.device("meta"):
+                specs = layer_specs(GPT(config), qconfig)
+            select_kernel(kernel, specs, device, PRECISIONS[precision])
+    if quantized:
+        open_weights(checkpoint_dir, torch.device("cpu"))  # the header: a truncated file fails here
+    return LoadPlan(checkpoint_dir, config, device, precision, qconfig, kernel, quantize, quantized)
+
+
 def load_model(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: Optional[str] = None,
                precision: Optional[str] = None, device: Optional[str] = None) -> LoadedModel:
     """Build the model on the meta device and load `checkpoint_dir` into it.
@@ -64,46 +113,27 @@ def load_model(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: 
     (bitsandbytes modes, or `rtn.int4-g128` style RTN with litquant's kernels). With litquant's kernels, the
     gate and up projections of LLaMA-style MLPs run as one matmul (`litquant.fuse`).
     """
-    checkpoint_dir = Path(checkpoint_dir)
-    config = checkpoint_config(checkpoint_dir)
-    device = resolve_device(device)
-    precision = precision or {dtype: name for name, dtype in PRECISIONS.items()}[default_dtype(device)]
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision {precision!r} is not one of {list(PRECISIONS)}")
-    dtype = PRECISIONS[precision]
     start = time.perf_counter()
-    quantized = is_quantized_checkpoint(checkpoint_dir)
-    if quantized and quantize:
-        raise ValueError(f"{checkpoint_dir} is already quantized; drop --quantize")
-    if kernel and not quantized and not (quantize or "").startswith("rtn"):
-        raise ValueError("--kernel applies to quantized checkpoints and --quantize rtn.*; this checkpoint is neither")
-
-    if quantized or (quantize or "").startswith("rtn"):
-        if quantized:
-            qconfig = QuantizeConfig.load(checkpoint_dir)
-        else:
-            bits, group_size = parse_rtn(quantize)
-            qconfig = QuantizeConfig(method="rtn", bits=bits, group_size=group_size)
-        kernel = kernel or qconfig.kernel
-        plugin = QuantizedPrecision(qconfig, kernel=kernel, dtype=dtype, device=device)
+    plan = plan_load(checkpoint_dir, kernel=kernel, quantize=quantize, precision=precision, device=device)
+    checkpoint_dir, config, device, dtype = plan.checkpoint_dir, plan.config, plan.device, PRECISIONS[plan.precision]
+    if plan.qconfig:
+        plugin = QuantizedPrecision(plan.qconfig, kernel=plan.kernel, dtype=dtype, device=device)
         fabric = L.Fabric(accelerator=device.type, devices=1, plugins=plugin)
         with fabric.init_module(empty_init=True):
             model = GPT(config)
-        plugin.convert_module(model)  # selects and checks the kernel before any weight is read
-        if quantized:
-            load_quantized_checkpoint(model, checkpoint_dir, qconfig, device, dtype)
+        plugin.convert_module(model)  # selects the kernel ('auto': the first that runs here) before any weight is read
+        if plan.quantized:
+            load_quantized_checkpoint(model, checkpoint_dir, plan.qconfig, device, dtype)
         else:
-            load_with_rtn(model, load_litgpt_state(checkpoint_dir, config).items(), qconfig, device, dtype)
+            load_with_rtn(model, load_litgpt_state(checkpoint_dir, config).items(), plan.qconfig, device, dtype)
         fuse_gate_up(model)
-        label, kernel = qconfig.describe(), plugin.kernel_cls.name
-    elif quantize:
-        if quantize not in BNB_MODES:
-            parse_rtn(quantize)  # raises the error that lists the valid choices
-        fabric = L.Fabric(accelerator=device.type, devices=1, precision=precision)
-        model = _load_bnb(config, checkpoint_dir, quantize[4:], dtype, device)
-        label, kernel = quantize, None
+        label, kernel = plan.qconfig.describe(), plugin.kernel_cls.name
+    elif plan.quantize:
+        fabric = L.Fabric(accelerator=device.type, devices=1, precision=plan.precision)
+        model = _load_bnb(config, checkpoint_dir, plan.quantize[4:], dtype, device)
+        label, kernel = plan.quantize, None
     else:
-        fabric = L.Fabric(accelerator=device.type, devices=1, precision=precision)
+        fabric = L.Fabric(accelerator=device.type, devices=1, precision=plan.precision)
         model = _load_plain(fabric, config, checkpoint_dir)
         label, kernel = str(dtype).replace("torch.", ""), None
     model.eval()

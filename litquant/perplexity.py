@@ -16,6 +16,16 @@ from tqdm.auto import tqdm
 
 
 @torch.inference_mode()
+def check_windows(window: int, max_windows: Optional[int], batch_size: int = 1) -> None:
+    """Refuse window settings that score nothing (callers check them before loading a model)."""
+    if window < 2:
+        raise ValueError(f"window must be at least 2 tokens, not {window}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+    if max_windows is not None and max_windows < 1:
+        raise ValueError(f"max_windows must be at least 1 (or none, for every window), not {max_windows}")
+
+
 def compute_perplexity(model: GPT, tokens: torch.Tensor, window: int = 512, batch_size: int = 4,
                        max_windows: Optional[int] = None, progress: bool = False) -> Tuple[float, int]:
     """Perplexity of `model` over the 1-D `tokens`, and the number of tokens predicted.
@@ -30,10 +40,9 @@ def compute_perplexity(model: GPT, tokens: torch.Tensor, window: int = 512, batc
     """
     if tokens.dim() != 1:
         raise ValueError(f"tokens must be 1-D, got shape {list(tokens.shape)}")
+    check_windows(window, max_windows, batch_size)
     n_windows = tokens.numel() // window
     if max_windows is not None:
-        if max_windows < 1:
-            raise ValueError(f"max_windows must be at least 1 (or none, for every window), not {max_windows}")
         n_windows = min(n_windows, max_windows)
     if n_windows == 0:
         raise ValueError(f"the text has {tokens.numel()} tokens, fewer than one window of {window}")
@@ -88,6 +97,7 @@ def perplexity(
     """
     from litquant.load import load_model
 
+    check_windows(window, max_windows, batch_size)
     text = read_text(text_file)
     loaded = load_model(checkpoint_dir, kernel=kernel, quantize=quantize, precision=precision, device=device)
     tokens = loaded.tokenizer.encode(text, bos=False, eos=False)

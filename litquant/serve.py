@@ -16,9 +16,8 @@ from litgpt.api import LLM, Preprocessor
 from litgpt.constants import _LITSERVE_AVAILABLE
 from litgpt.deploy.serve import BaseLitAPI, OpenAISpecLitAPI, SimpleLitAPI, StreamLitAPI
 
-from litquant.config import QuantizeConfig, is_quantized_checkpoint
-from litquant.generate import checkpoint_prompt_style, set_next_token, set_shared_kv_cache
-from litquant.load import LoadedModel, checkpoint_config, load_model
+from litquant.generate import check_sampling, checkpoint_prompt_style, set_next_token, set_shared_kv_cache
+from litquant.load import LoadedModel, load_model, plan_load
 
 def serving_llm(loaded: LoadedModel, checkpoint_dir: Path, compile: bool = False) -> LLM:
     """litgpt's `LLM` over a model that `load_model` loaded, with the checkpoint's prompt style and litquant's decode
@@ -122,9 +121,10 @@ def serve(
     from litserve.specs.openai import OpenAISpec
 
     checkpoint_dir = Path(checkpoint_dir)
-    checkpoint_config(checkpoint_dir)  # a bad directory or config fails here, before a worker starts
-    if is_quantized_checkpoint(checkpoint_dir):
-        QuantizeConfig.load(checkpoint_dir)
+    check_sampling(max_new_tokens, temperature, top_k, top_p)
+    # a bad checkpoint, device or kernel fails here, in one line, not in a worker's traceback
+    plan_load(checkpoint_dir, kernel=kernel, quantize=quantize, precision=precision,
+              device=None if accelerator == "auto" else accelerator)
     api_class = OpenAIAPI if openai_spec else StreamAPI if stream else SimpleAPI
     api = api_class(checkpoint_dir, quantize=quantize, precision=precision, temperature=temperature, top_k=top_k,
                     top_p=top_p, max_new_tokens=max_new_tokens, devices=1, api_path=api_path)

@@ -13,8 +13,10 @@ from litgpt.model import GPT
 
 from litquant.checkpoint import WEIGHTS_NAME, CheckpointError
 from litquant.config import QuantizeConfig
+from litquant.generate import chat, generate
 from litquant.kernels import KernelNotSupported
 from litquant.load import load_model
+from litquant.perplexity import perplexity
 from litquant.quantize.main import quantize
 from litquant.quantize.quantizer import rtn_quantize
 
@@ -96,8 +98,6 @@ def test_rtn_while_loading_matches_the_checkpoint_path(tiny_llama_checkpoint, tm
 
 
 def test_generate_and_perplexity_from_a_quantized_checkpoint(tiny_checkpoint, tmp_path, capsys):
-    from litquant.generate import generate
-    from litquant.perplexity import perplexity
 
     out = quantize(tiny_checkpoint, tmp_path / "q", method="rtn", bits=4, group_size=32, kernel="torch", device="cpu")
     text = generate(out, prompt="hello", max_new_tokens=8, device="cpu", apply_prompt_style=False)
@@ -189,6 +189,39 @@ def test_garbage_checkpoint_is_an_error(quantized):
         load_model(quantized, device="cpu")
 
 
+def test_a_quantized_checkpoint_without_its_config_is_named_as_such(quantized):
+    (quantized / "quantize_config.json").unlink()
+    with pytest.raises(CheckpointError, match="has lit_model.safetensors but no quantize_config.json"):
+        load_model(quantized, device="cpu")
+
+
+def test_settings_that_cannot_work_are_refused_before_any_model_loads(tmp_path):
+    """Each is refused before the checkpoint (here a directory that does not exist) is even read."""
+    missing = tmp_path / "missing"
+    for call, message in [
+        (lambda: quantize(missing, method="gptq", seq_len=0), "seq_len >= 2"),
+        (lambda: quantize(missing, method="awq", batch_size=0), "batch_size >= 1"),
+        (lambda: perplexity(missing, text_file=missing, window=1), "window must be at least 2 tokens, not 1"),
+        (lambda: perplexity(missing, text_file=missing, batch_size=0), "batch_size must be at least 1, not 0"),
+        (lambda: generate(missing, top_k=0), "top_k must be at least 1"),
+        (lambda: generate(missing, temperature=-1.0), "temperature must be 0"),
+        (lambda: generate(missing, top_p=0.0), r"top_p must be in \(0, 1\]"),
+        (lambda: generate(missing, max_new_tokens=0), "max_new_tokens must be at least 1"),
+        (lambda: generate(missing, num_samples=0), "num_samples must be at least 1"),
+        (lambda: chat(missing, top_k=0), "top_k must be at least 1"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
+def test_chat_ends_quietly_at_the_end_of_its_input(tiny_llama_checkpoint, monkeypatch, capsys):
+    def no_more_input(prompt=""):
+        raise EOFError
+    monkeypatch.setattr("builtins.input", no_more_input)
+    chat(tiny_llama_checkpoint, device="cpu")
+    assert "Now chatting with" in capsys.readouterr().out
+
+
 def test_missing_weights_file_is_an_error(quantized):
     (quantized / WEIGHTS_NAME).unlink()
     with pytest.raises(CheckpointError, match="lit_model.safetensors not found"):
@@ -199,8 +232,9 @@ def test_checkpoint_that_does_not_match_its_config(quantized):
     config = json.loads((quantized / "quantize_config.json").read_text())
     config["bits"] = 8
     (quantized / "quantize_config.json").write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match=r"transformer.h.0.attn.qkv.qweight is torch.int32 \[8, 128\], expected torch.int32 \[16, 128\]"):
+    with pytest.raises(CheckpointError, match=r"transformer.h.0.attn.qkv.qweight is torch.int32 \[8, 128\], expected torch.int32 \[16, 128\]") as error:
         load_model(quantized, device="cpu")
+    assert str(error.value).endswith(" more)")  # the first problems, and a count of the rest
 
 
 def test_missing_tensor_is_named(quantized):
@@ -375,7 +409,6 @@ def test_readme_rtn_quantize_and_generate_commands_run(tiny_llama_checkpoint, tm
         line = line.replace("checkpoints/smollm2", str(tiny_llama_checkpoint)).replace("q/", f"{tmp_path}/q/")
         runs.append(subprocess.run([sys.executable, "-m", *shlex.split(line)], capture_output=True, text=True))
         assert runs[-1].returncode == 0, runs[-1].stderr[-2000:]
-    from litquant.generate import generate
 
     out = tmp_path / "q" / "smollm2-rtn4"
     config = QuantizeConfig.load(out)
@@ -404,7 +437,6 @@ def test_generate_on_gpu_eager_compiled_and_across_kernels(tmp_path, kernel, pre
     code and eager code flip (seen on an H200: 2 of 3 kernels diverged at token 11 in bf16). So the token check
     runs in the widest dtype each kernel takes (fp32, or fp16 for marlin), where such ties stay resolved."""
     from conftest import make_tiny_checkpoint
-    from litquant.generate import generate
 
     checkpoint = make_tiny_checkpoint(tmp_path / "ck", "llama_gpu")
     out = quantize(checkpoint, tmp_path / "q", method="rtn", bits=bits, group_size=64, kernel=kernel, device="cuda")

@@ -1,4 +1,5 @@
 """`litquant serve` on a tiny quantized checkpoint: the HTTP answers are `litquant generate`'s greedy text."""
+import shutil
 from pathlib import Path
 
 import litserve
@@ -60,6 +61,22 @@ def test_openai_chat_completions(quantized, monkeypatch):
 def test_serve_refuses_a_directory_that_is_not_a_checkpoint(tmp_path):
     with pytest.raises(FileNotFoundError, match="model_config.yaml"):
         serve(tmp_path, accelerator="cpu")
+
+
+def test_serve_refuses_what_its_worker_would_before_starting_one(quantized, tmp_path, monkeypatch):
+    """LitServe loads the model in a worker process, where a refusal ends in a traceback: `serve` refuses a
+    kernel that cannot run here, a truncated weights file and bad sampling settings itself, before any server."""
+    monkeypatch.setattr(litserve.LitServer, "__init__", lambda *_, **__: pytest.fail("a server was built"))
+    with pytest.raises(ValueError, match="kernel 'marlin' cannot run this checkpoint on cpu"):
+        serve(quantized, accelerator="cpu", kernel="marlin")
+    with pytest.raises(ValueError, match="top_k must be at least 1"):
+        serve(quantized, accelerator="cpu", top_k=0)
+    truncated = tmp_path / "truncated"
+    shutil.copytree(quantized, truncated)
+    weights = truncated / "lit_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ValueError, match="lit_model.safetensors is corrupt or truncated"):
+        serve(truncated, accelerator="cpu")
 
 
 def eager_and_compiled_answers(monkeypatch, capfd, checkpoint_dir: Path, prompts, **options) -> tuple:

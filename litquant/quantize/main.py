@@ -84,6 +84,11 @@ def quantize(
     checkpoint_dir = Path(checkpoint_dir)
     if sym is None:
         sym = method != "awq"
+    if seq_len is None:
+        seq_len = 512 if method == "awq" else 2048
+    if method != "rtn" and (num_samples < 1 or seq_len < 2 or batch_size < 1):
+        raise ValueError(f"need num_samples >= 1, seq_len >= 2 and batch_size >= 1, got num_samples={num_samples}, "
+                         f"seq_len={seq_len}, batch_size={batch_size}")
     fmt = f"awq_{version}" if method == "awq" else checkpoint_format
     config = QuantizeConfig(method=method, bits=bits, group_size=group_size, sym=sym, desc_act=desc_act,
                             static_groups=static_groups, true_sequential=true_sequential, damp_percent=damp_percent,
@@ -111,7 +116,7 @@ def quantize(
         model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, assign=True)
         model.eval()
         tokens = calibration_tokens(Tokenizer(checkpoint_dir), model=model, data=data, calibration_file=calibration_file,
-                                    num_samples=num_samples, seq_len=seq_len or (512 if method == "awq" else 2048),
+                                    num_samples=num_samples, seq_len=seq_len,
                                     seed=seed, device=device, batch_size=batch_size)
         recipe_options = dict(duo_scaling=duo_scaling, apply_clip=apply_clip) if method == "awq" else {}
         quantized = recipe.quantize_model(model, tokens, config, device=device, batch_size=batch_size,
