@@ -173,7 +173,6 @@ def decode(model, prompt: torch.Tensor, max_new_tokens: int, *, eos_id: Optional
             yield tokens
 
 
-@torch.inference_mode()
 def check_sampling(max_new_tokens: int, temperature: float, top_k: Optional[int], top_p: float) -> None:
     """Refuse sampling settings that cannot sample (callers check them before loading a model)."""
     if max_new_tokens < 1:
@@ -186,6 +185,7 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: Optional[int]
         raise ValueError(f"top_p must be in (0, 1], not {top_p}")
 
 
+@torch.inference_mode()
 def generate(
     checkpoint_dir: Path,
     prompt: str = "What food do llamas eat?",

@@ -15,7 +15,6 @@ from litgpt.model import GPT
 from tqdm.auto import tqdm
 
 
-@torch.inference_mode()
 def check_windows(window: int, max_windows: Optional[int], batch_size: int = 1) -> None:
     """Refuse window settings that score nothing (callers check them before loading a model)."""
     if window < 2:
@@ -26,6 +25,7 @@ def check_windows(window: int, max_windows: Optional[int], batch_size: int = 1) 
         raise ValueError(f"max_windows must be at least 1 (or none, for every window), not {max_windows}")
 
 
+@torch.inference_mode()
 def compute_perplexity(model: GPT, tokens: torch.Tensor, window: int = 512, batch_size: int = 4,
                        max_windows: Optional[int] = None, progress: bool = False) -> Tuple[float, int]:
     """Perplexity of `model` over the 1-D `tokens`, and the number of tokens predicted.

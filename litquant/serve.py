@@ -19,6 +19,7 @@ from litgpt.deploy.serve import BaseLitAPI, OpenAISpecLitAPI, SimpleLitAPI, Stre
 from litquant.generate import check_sampling, checkpoint_prompt_style, set_next_token, set_shared_kv_cache
 from litquant.load import LoadedModel, load_model, plan_load
 
+
 def serving_llm(loaded: LoadedModel, checkpoint_dir: Path, compile: bool = False) -> LLM:
     """litgpt's `LLM` over a model that `load_model` loaded, with the checkpoint's prompt style and litquant's decode
     step (`litquant.generate.set_next_token`).
