@@ -19,6 +19,11 @@ from litgpt.deploy.serve import BaseLitAPI, OpenAISpecLitAPI, SimpleLitAPI, Stre
 from litquant.generate import check_sampling, checkpoint_prompt_style, set_next_token, set_shared_kv_cache
 from litquant.load import LoadedModel, load_model, plan_load
 
+if _LITSERVE_AVAILABLE:
+    from pydantic import BaseModel  # LitServe's dependency, through FastAPI
+else:  # as litgpt.deploy.serve does: the module imports, and `serve` says what is missing
+    BaseModel = object
+
 
 def serving_llm(loaded: LoadedModel, checkpoint_dir: Path, compile: bool = False) -> LLM:
     """litgpt's `LLM` over a model that `load_model` loaded, with the checkpoint's prompt style and litquant's decode
@@ -62,11 +67,26 @@ class LitquantLoading(BaseLitAPI):
             print(f"compiled the decode step in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
 
-class SimpleAPI(SimpleLitAPI, LitquantLoading):
+class PromptRequest(BaseModel):
+    """The body of a request to `api_path`. LitServe validates it against `decode_request`'s annotation before a
+    worker sees it, so a request without a prompt is answered with HTTP 422 and the missing field, streamed or not
+    (litgpt's own `decode_request` reads `request["prompt"]` in the worker: a KeyError and HTTP 500)."""
+
+    prompt: str
+
+
+class PromptDecoding:
+    """Takes the prompt from a request that LitServe has validated as a `PromptRequest`."""
+
+    def decode_request(self, request: PromptRequest) -> str:
+        return request.prompt
+
+
+class SimpleAPI(PromptDecoding, SimpleLitAPI, LitquantLoading):
     """POST {"prompt": ...} -> {"output": ...}."""
 
 
-class StreamAPI(StreamLitAPI, LitquantLoading):
+class StreamAPI(PromptDecoding, StreamLitAPI, LitquantLoading):
     """POST {"prompt": ...} -> a stream of {"output": ...}, a piece of text each."""
 
 
@@ -129,7 +149,9 @@ def serve(
     api_class = OpenAIAPI if openai_spec else StreamAPI if stream else SimpleAPI
     api = api_class(checkpoint_dir, quantize=quantize, precision=precision, temperature=temperature, top_k=top_k,
                     top_p=top_p, max_new_tokens=max_new_tokens, devices=1, api_path=api_path)
-    api.kernel, api.compile = kernel, compile
-    server = LitServer(api, spec=OpenAISpec() if openai_spec else None, accelerator=accelerator, devices=1,
-                       stream=stream, timeout=timeout)
+    # litgpt's API classes take neither `spec` nor `stream`, and LitServer's arguments for them are deprecated
+    api.kernel, api.compile, api.stream = kernel, compile, stream
+    if openai_spec:
+        api.spec, api.stream = OpenAISpec(), True
+    server = LitServer(api, accelerator=accelerator, devices=1, timeout=timeout)
     server.run(port=port, generate_client_file=False)

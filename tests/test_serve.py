@@ -1,5 +1,14 @@
 """`litquant serve` on a tiny quantized checkpoint: the HTTP answers are `litquant generate`'s greedy text."""
+import json
+import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import litserve
@@ -44,6 +53,16 @@ def test_served_answer_is_generates_greedy_text(quantized, monkeypatch, stream):
         assert response.json() == {"output": expected}
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_request_without_a_prompt_is_the_clients_error(quantized, monkeypatch, stream):
+    with started(monkeypatch, quantized, stream=stream) as server, TestClient(server.app) as client:
+        for request in ({"text": "hello"}, ["hello"], {"prompt": ["hello"]}):
+            response = client.post("/predict", json=request)
+            assert response.status_code == 422  # FastAPI's answer to a body that fails validation
+            assert response.json()["detail"][0]["loc"] in (["body", "prompt"], ["body"])
+        assert client.post("/predict", json={"prompt": "hello"}).status_code == 200  # the server lives on
+
+
 def test_openai_chat_completions(quantized, monkeypatch):
     """The OpenAI endpoint's answer to one user message is `generate`'s greedy text for the message in litgpt's
     default chat template (the tiny checkpoint's tokenizer config has none), its streamed tokens joined."""
@@ -77,6 +96,48 @@ def test_serve_refuses_what_its_worker_would_before_starting_one(quantized, tmp_
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with pytest.raises(ValueError, match="lit_model.safetensors is corrupt or truncated"):
         serve(truncated, accelerator="cpu")
+
+
+def post(url: str, body) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_served_from_the_command_line_and_stopped_by_ctrl_c(quantized, tmp_path):
+    """`litquant serve` as a user runs it: in its own process (LitServe's workers in theirs), answering over a real
+    port, and ended by Ctrl-C, which a terminal sends to the whole process group."""
+    with socket.socket() as probe:  # a free port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "litquant", "serve", str(quantized), "--accelerator", "cpu", "--port", str(port),
+         "--top_k", "1", "--max_new_tokens", str(NEW_TOKENS)],
+        stdout=(log := open(tmp_path / "serve.log", "w")), stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a background job would ignore it
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(240):
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=5).close()
+                break
+            except (urllib.error.URLError, ConnectionError):  # not up yet, or workers still loading
+                assert server.poll() is None, (tmp_path / "serve.log").read_text()
+                time.sleep(0.5)
+        expected = generate(quantized, prompt="hello", max_new_tokens=NEW_TOKENS, device="cpu", temperature=0.0)
+        assert post(f"{url}/predict", {"prompt": "hello"}) == (200, {"output": expected})
+        status, answer = post(f"{url}/predict", {"text": "hello"})
+        assert status == 422 and answer["detail"][0]["loc"] == ["body", "prompt"]
+        os.killpg(server.pid, signal.SIGINT)
+        assert server.wait(timeout=60) == 0
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+    assert "KeyboardInterrupt received" in (tmp_path / "serve.log").read_text()
 
 
 def eager_and_compiled_answers(monkeypatch, capfd, checkpoint_dir: Path, prompts, **options) -> tuple:
