@@ -4,17 +4,22 @@ litgpt builds its CLI from a fixed dict with no plugin hook, and a second packag
 script would overwrite litgpt's own, so litquant is a superset under its own name. `generate`, `chat` and
 `serve` are litquant's versions: they also load quantized checkpoints, and plain ones as before.
 """
+import functools
+import inspect
 import os
 import re
 import sys
 import warnings
-from typing import Any, List, Literal, NoReturn, Optional, get_args, get_origin
+from pathlib import Path
+from typing import Any, Callable, List, Literal, NoReturn, Optional, get_args, get_origin
 
 import torch
 from jsonargparse import CLI, ArgumentParser, set_parsing_settings
 from litgpt.__main__ import PARSER_DATA as LITGPT_COMMANDS
 
 from litquant.benchmark import benchmark
+from litquant.checkpoint import WEIGHTS_NAME
+from litquant.config import is_quantized_checkpoint
 from litquant.demo import demo
 from litquant.generate import chat, generate
 from litquant.gguf import convert_gguf_to_litgpt
@@ -24,8 +29,32 @@ from litquant.perplexity import perplexity
 from litquant.quantize.main import quantize
 from litquant.serve import serve
 
+
+def full_precision_only(name: str, command: Callable) -> Callable:
+    """litgpt's command `name`, refusing a litquant checkpoint in any of its `*checkpoint_dir` arguments up front.
+
+    litgpt's commands read `lit_model.pth`, which a quantized checkpoint does not have, and say so in their own words
+    at best ("... is not a checkpoint directory", after looking under checkpoints/), or fail later. The command's
+    signature and docstring stay litgpt's (`functools.wraps`), so its options and `--help` do not change."""
+    signature = inspect.signature(command)
+    checkpoint_arguments = [parameter for parameter in signature.parameters if parameter.endswith("checkpoint_dir")]
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        given = signature.bind_partial(*args, **kwargs).arguments
+        for argument in checkpoint_arguments:
+            directory = given.get(argument)
+            if directory and is_quantized_checkpoint(directory) and (Path(directory) / WEIGHTS_NAME).is_file():
+                raise ValueError(f"{directory} is a litquant quantized checkpoint, and litgpt's `{name}` reads only "
+                                 "full-precision ones (lit_model.pth); litquant runs quantized checkpoints in "
+                                 "generate, chat, serve, perplexity and benchmark")
+        return command(*args, **kwargs)
+
+    return run
+
+
 COMMANDS = {
-    **LITGPT_COMMANDS,
+    **{name: full_precision_only(name, command) for name, command in LITGPT_COMMANDS.items()},
     "quantize": quantize,
     "generate": generate,
     "chat": chat,

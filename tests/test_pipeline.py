@@ -1,6 +1,7 @@
 """quantize -> save -> load -> generate on tiny random LitGPT models, and every bad input on the way."""
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -386,6 +387,24 @@ def test_cli_says_what_is_wrong_with_the_input_in_one_line(tmp_path):
         in done.stderr
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "LITQUANT_TRACEBACK": "1"})
     assert done.returncode == 1 and "Traceback" in done.stderr and "FileNotFoundError" in done.stderr
+
+
+def test_litgpts_commands_refuse_a_quantized_checkpoint_up_front(quantized, tiny_llama_checkpoint, tmp_path):
+    """litgpt's commands read lit_model.pth: `litquant.__main__.full_precision_only` names the problem before they
+    start (litgpt's `convert_from_litgpt` wrote a model.pth before failing), and passes ordinary checkpoints on."""
+    from litquant.__main__ import COMMANDS
+
+    message = f"{quantized} is a litquant quantized checkpoint, and litgpt's `convert_from_litgpt` reads only"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        COMMANDS["convert_from_litgpt"](quantized, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+    with pytest.raises(ValueError, match="`generate_speculatively` reads only full-precision"):
+        COMMANDS["generate_speculatively"](tiny_llama_checkpoint, target_model_checkpoint_dir=quantized)
+    COMMANDS["convert_from_litgpt"](tiny_llama_checkpoint, tmp_path / "hf")
+    assert (tmp_path / "hf" / "model.pth").is_file()
+    done = subprocess.run([sys.executable, "-m", "litquant", "finetune_lora", str(quantized)], capture_output=True,
+                          text=True)
+    assert done.returncode == 1 and "litgpt's `finetune_lora` reads only full-precision" in done.stderr
 
 
 @pytest.mark.parametrize("arguments, message", [
