@@ -107,14 +107,16 @@ def post(url: str, body) -> tuple[int, dict]:
         return error.code, json.loads(error.read())
 
 
-def test_served_from_the_command_line_and_stopped_by_ctrl_c(quantized, tmp_path):
+@pytest.mark.parametrize("accelerator", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_served_from_the_command_line_and_stopped_by_ctrl_c(quantized, tmp_path, accelerator):
     """`litquant serve` as a user runs it: in its own process (LitServe's workers in theirs), answering over a real
-    port, and ended by Ctrl-C, which a terminal sends to the whole process group."""
+    port, and ended by Ctrl-C, which a terminal sends to the whole process group. (On the GPU, the server's process
+    checks the device itself, `plan_load`, before LitServe's worker loads the model.)"""
     with socket.socket() as probe:  # a free port
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server = subprocess.Popen(
-        [sys.executable, "-m", "litquant", "serve", str(quantized), "--accelerator", "cpu", "--port", str(port),
+        [sys.executable, "-m", "litquant", "serve", str(quantized), "--accelerator", accelerator, "--port", str(port),
          "--top_k", "1", "--max_new_tokens", str(NEW_TOKENS)],
         stdout=(log := open(tmp_path / "serve.log", "w")), stderr=subprocess.STDOUT, start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a background job would ignore it
@@ -127,7 +129,7 @@ def test_served_from_the_command_line_and_stopped_by_ctrl_c(quantized, tmp_path)
             except (urllib.error.URLError, ConnectionError):  # not up yet, or workers still loading
                 assert server.poll() is None, (tmp_path / "serve.log").read_text()
                 time.sleep(0.5)
-        expected = generate(quantized, prompt="hello", max_new_tokens=NEW_TOKENS, device="cpu", temperature=0.0)
+        expected = generate(quantized, prompt="hello", max_new_tokens=NEW_TOKENS, device=accelerator, temperature=0.0)
         assert post(f"{url}/predict", {"prompt": "hello"}) == (200, {"output": expected})
         status, answer = post(f"{url}/predict", {"text": "hello"})
         assert status == 422 and answer["detail"][0]["loc"] == ["body", "prompt"]
