@@ -111,6 +111,11 @@ def main() -> None:
         if os.environ.get("LITQUANT_TRACEBACK"):
             raise
         sys.exit(f"litquant: error: {e}\n({type(e).__name__}; LITQUANT_TRACEBACK=1 shows where it was raised)")
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback (outputs appear whole or not at all)
+        if os.environ.get("LITQUANT_TRACEBACK"):
+            raise
+        print("\nlitquant: interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

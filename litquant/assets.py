@@ -75,12 +75,26 @@ def smollm2_checkpoint(cache_dir: Optional[Path] = None) -> Path:
     return checkpoint_dir
 
 
+def read_text_file(path: Path, what: str) -> str:
+    """The UTF-8 text of `path` (decompressed if it ends in .gz), or an error that names the file as `what`: binary
+    data would otherwise be read as replacement characters, and scored or calibrated on."""
+    raw = Path(path).read_bytes()
+    if Path(path).suffix == ".gz":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as e:
+            raise ValueError(f"{what} {path} is not a valid .gz file ({e})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{what} {path} is not UTF-8 text (byte {e.start}: {e.reason})") from None
+
+
 def jargon_text() -> str:
     """The whole Jargon File, from Debian's `jargon-text` package."""
     if not JARGON_FILE.is_file():
         raise FileNotFoundError(f"{JARGON_FILE} not found; install it with `apt-get install jargon-text`")
-    with gzip.open(JARGON_FILE, "rt", encoding="utf-8") as f:
-        return f.read()
+    return read_text_file(JARGON_FILE, "the Jargon File")
 
 
 def _whole_lines(text: str, start: int, end: int) -> str:

@@ -21,11 +21,12 @@ from typing import List, Literal, Optional
 import torch
 
 from litquant.assets import JARGON_FILE, calibration_text, evaluation_text, smollm2_checkpoint
+from litquant.checkpoint import check_writable
 from litquant.config import QuantizeConfig
 from litquant.generate import (checkpoint_prompt_style, decode, flex_decoding_pays_in_generate, set_kv_cache,
                                set_next_token)
 from litquant.kernels import REGISTRY, KernelNotSupported, kernel_class, resolve_device
-from litquant.load import load_model
+from litquant.load import BNB_MODES, load_model, parse_rtn
 from litquant.perplexity import check_windows, compute_perplexity, read_text
 
 
@@ -120,6 +121,19 @@ def save_rows(rows: List[Row], out_dir: Path) -> None:
         os.replace(partial, out_dir / name)
 
 
+def quantize_config(method: str, bits: int, group_size: int) -> QuantizeConfig:
+    """litquant's recommended settings for `method`, as the table runs it: GPTQ with act_order, AWQ with zero points."""
+    return QuantizeConfig.for_method(method, bits=bits, group_size=group_size, desc_act=method == "gptq")
+
+
+def check_benchmark_out_dir(out_dir: Path) -> None:
+    """An `--out_dir` must be new, empty, or an earlier benchmark's (it has benchmark.json), whose files it replaces."""
+    check_writable(out_dir)
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "benchmark.json").is_file():
+        raise FileExistsError(f"{out_dir} holds files and is not an earlier benchmark's --out_dir (it has no "
+                              "benchmark.json), whose files the benchmark would replace; choose another --out_dir")
+
+
 def benchmark(
     checkpoint_dir: Optional[Path] = None,
     *,
@@ -168,10 +182,11 @@ def benchmark(
         precision: bf16-true, 16-true or 32-true. Default: bf16-true on a GPU that has bf16 (else 16-true), 32-true
             on the CPU.
         device: cuda or cpu. Default: cuda if available.
-        out_dir: keep the quantized checkpoints there (replacing an earlier run's) and write benchmark.json and
-            benchmark.md, updated after each row. Default: a temporary directory, removed at the end.
+        out_dir: keep the quantized checkpoints there and write benchmark.json and benchmark.md, updated after each
+            row. It must be new, empty, or an earlier run's (whose files it replaces). Default: a temporary
+            directory, removed at the end.
     """
-    from litquant.quantize.main import quantize
+    from litquant.quantize.main import check_quantizable, quantize
 
     if max_windows is not None and max_windows < 0:
         raise ValueError(f"max_windows must be 0 (no perplexity), positive, or null (every window), not {max_windows}")
@@ -181,7 +196,14 @@ def benchmark(
     for kernel in set(kernels) - {"auto"}:
         kernel_class(kernel)  # an unknown name fails here, before any quantizing
 
+    for baseline in baselines:
+        if baseline != "unquantized" and baseline not in BNB_MODES:
+            parse_rtn(baseline)  # raises the error that lists the valid choices
+    if out_dir:
+        check_benchmark_out_dir(Path(out_dir))
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else smollm2_checkpoint()
+    for method in methods:  # each method's settings, before the first row (a kernel that cannot run one has a row)
+        check_quantizable(checkpoint_dir, quantize_config(method, bits, group_size))
     jargon = JARGON_FILE.is_file()
     evaluation = None
     if max_windows != 0 and (text_file or jargon):
@@ -213,8 +235,9 @@ def benchmark(
         for method in methods:
             quantized_dir = work_dir / f"{checkpoint_dir.name}-{method}{bits}-g{group_size}"
             start = time.perf_counter()
+            config = quantize_config(method, bits, group_size)
             quantize(checkpoint_dir, quantized_dir, method=method, bits=bits, group_size=group_size,
-                     desc_act=method == "gptq", calibration_file=calibration_file, num_samples=num_samples,
+                     desc_act=config.desc_act, calibration_file=calibration_file, num_samples=num_samples,
                      seq_len=seq_len, device=device, overwrite=True)
             seconds = time.perf_counter() - start
             for kernel in kernels:

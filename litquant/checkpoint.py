@@ -8,11 +8,15 @@ A quantized checkpoint is a directory with
   model_config.yaml       litgpt's Config
   tokenizer files         copied from the source checkpoint, with its BOS decision written down (`pin_add_bos_token`)
 It is written into a temporary directory beside the target and renamed into place at the end, so an
-interrupted run never leaves something that looks complete.
+interrupted run never leaves something that looks complete; replacing an earlier one (`--overwrite`) holds off
+Ctrl-C until the new one is in its place.
 """
+import contextlib
 import json
 import os
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Dict, Iterator, Optional, Tuple
@@ -56,12 +60,51 @@ def pin_add_bos_token(checkpoint_dir: Path, use_bos: bool) -> None:
         path.write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
 
 
-def check_out_dir(out_dir: Path, overwrite: bool) -> None:
-    """Refuse an `out_dir` that holds files, unless `overwrite` and it is a quantized checkpoint: `--overwrite`
-    replaces an earlier result, never a directory of other files, nor an unquantized checkpoint."""
+def check_writable(out_dir: Path) -> None:
+    """Refuse an output directory that could not be created or filled, before any work: a file where it or one of
+    its parents should be, or a first existing parent that is not writable (results are written beside it first)."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise FileExistsError(f"{out_dir} exists and is not a directory; choose another --out_dir")
+    parent = out_dir.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise FileExistsError(f"cannot create {out_dir}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write {out_dir}: {parent} is not writable")
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """Ctrl-C (SIGINT) and SIGTERM wait until the block is done, so that a few renames that must happen together do;
+    then the first of them gets its usual handling. (Python handlers, not a signal mask: a process-directed signal
+    goes to any thread that does not block it, and Python runs its handler in the main thread all the same.)"""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    received = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: received.append(signum))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        if received:
+            handler = previous[received[0]]
+            if callable(handler):
+                handler(received[0], None)  # SIGINT's default: KeyboardInterrupt
+            elif handler in (signal.SIG_DFL, None):
+                signal.raise_signal(received[0])  # e.g. SIGTERM's default: the process ends
+
+
+def check_out_dir(out_dir: Path, overwrite: bool) -> None:
+    """Refuse an `out_dir` that cannot be written, or that holds files, unless `overwrite` and it is a quantized
+    checkpoint: `--overwrite` replaces an earlier result, never a directory of other files, nor an unquantized
+    checkpoint."""
+    out_dir = Path(out_dir)
+    check_writable(out_dir)
     if not out_dir.exists() or not any(out_dir.iterdir()):
         return
     if not (out_dir / CONFIG_NAME).is_file():
@@ -99,13 +142,14 @@ def save_quantized_checkpoint(out_dir: Path, quantized: Dict[str, QuantizedWeigh
             if (tmp / "tokenizer_config.json").is_file():
                 pin_add_bos_token(tmp, Tokenizer(tokenizer_dir).use_bos)
         config.save(tmp)  # last: its presence marks a finished checkpoint
-        if out_dir.exists():
-            old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
-            out_dir.rename(old)
-            tmp.rename(out_dir)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(out_dir)
+        with signals_deferred():  # never the earlier result moved away and the new one not yet in its place
+            if out_dir.exists():
+                old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+                out_dir.rename(old)
+                tmp.rename(out_dir)
+                shutil.rmtree(old)
+            else:
+                tmp.rename(out_dir)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -7,7 +7,7 @@ default kernel, the modules left unquantized) lives under the key "litquant", wh
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Literal
+from typing import List, Literal, Optional
 
 from litquant.formats import QuantizedWeight, awq, gptq
 from litquant.formats.common import num_groups
@@ -78,6 +78,14 @@ class QuantizeConfig:
             problems.append(f"damp_percent must be in [0, 1), not {self.damp_percent}")
         if problems:
             raise ValueError("invalid quantize config: " + "; ".join(problems))
+
+    @classmethod
+    def for_method(cls, method: str, *, sym: Optional[bool] = None, checkpoint_format: str = "gptq",
+                   version: str = "gemm", **fields) -> "QuantizeConfig":
+        """The config `litquant quantize --method <method>` writes: symmetric unless AWQ (when `sym` is None), in the
+        GPTQ `checkpoint_format`, or AutoAWQ's layout `version` for AWQ."""
+        return cls(method=method, sym=method != "awq" if sym is None else sym,
+                   checkpoint_format=f"awq_{version}" if method == "awq" else checkpoint_format, **fields)
 
     @property
     def is_awq(self) -> bool:

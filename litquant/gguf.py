@@ -33,7 +33,7 @@ from litgpt.tokenizer import Tokenizer
 from litgpt.utils import save_config
 from tqdm.auto import tqdm
 
-from litquant.checkpoint import pin_add_bos_token
+from litquant.checkpoint import check_writable, pin_add_bos_token
 
 SUPPORTED_TENSOR_TYPES = (
     GGMLQuantizationType.F32,
@@ -91,10 +91,9 @@ def convert_gguf_to_litgpt(gguf_file: Path, out_dir: Path, model_name: Optional[
             the file's name and metadata; when none does, a config is built from the metadata.
     """
     gguf_file, out_dir = Path(gguf_file), Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise FileExistsError(
-            f"{str(out_dir)!r} already exists and is not an empty directory; refusing to overwrite it"
-        )
+    check_writable(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise FileExistsError(f"{str(out_dir)!r} already exists and is not an empty directory; refusing to overwrite it")
     reader = read_gguf(gguf_file)
     config = config_from_gguf(reader, model_name, file_name=gguf_file.name)
     state_dict = state_dict_from_gguf(reader, config)

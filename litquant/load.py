@@ -1,5 +1,6 @@
 """Load any checkpoint a litquant user has, ready to run: quantized (any kernel), or ordinary
 (full precision, bitsandbytes, or RTN while loading)."""
+import json
 import logging
 import re
 import time
@@ -9,12 +10,13 @@ from typing import Optional, Tuple
 
 import lightning as L
 import torch
+import yaml
 from litgpt.config import Config
 from litgpt.model import GPT
 from litgpt.tokenizer import Tokenizer
 
-from litquant.checkpoint import (materialize_rope, check_materialized, load_litgpt_state, load_quantized_checkpoint,
-                                 load_with_rtn, open_weights)
+from litquant.checkpoint import (CheckpointError, materialize_rope, check_materialized, load_litgpt_state,
+                                 load_quantized_checkpoint, load_with_rtn, open_weights)
 from litquant.config import QuantizeConfig, is_quantized_checkpoint
 from litquant.fuse import fuse_gate_up
 from litquant.kernels import default_dtype, resolve_device, select_kernel
@@ -37,14 +39,31 @@ class LoadedModel:
 
 
 def checkpoint_config(checkpoint_dir: Path) -> Config:
-    """The model config of a litgpt or litquant checkpoint directory, or a clear error if it is not one."""
-    path = Path(checkpoint_dir) / "model_config.yaml"
+    """The model config of a litgpt or litquant checkpoint directory, or a clear error if it is not one: its
+    model_config.yaml or tokenizer missing, or either one unreadable (checked here, before any work)."""
+    checkpoint_dir = Path(checkpoint_dir)
+    path = checkpoint_dir / "model_config.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: not a litgpt or litquant checkpoint")
-    if not any((Path(checkpoint_dir) / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
+    if not any((checkpoint_dir / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
         raise FileNotFoundError(f"{checkpoint_dir} has no tokenizer.json or tokenizer.model: copy the tokenizer files "
                                 "of the model into it (litgpt's download puts them there)")
-    return Config.from_file(path)
+    try:
+        config = Config.from_file(path)
+    except (yaml.YAMLError, UnicodeDecodeError, AttributeError, TypeError, ValueError) as e:  # AttributeError: not a
+        # mapping; TypeError: a field litgpt's Config does not have
+        raise CheckpointError(f"{path} is not a valid litgpt model config ({type(e).__name__}: {e})") from None
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (checkpoint_dir / name).is_file():
+            try:
+                json.loads((checkpoint_dir / name).read_text(encoding="utf-8"))
+            except ValueError as e:  # JSONDecodeError or UnicodeDecodeError
+                raise CheckpointError(f"{checkpoint_dir / name} is corrupt: {e}") from None
+    try:
+        Tokenizer(checkpoint_dir)
+    except Exception as e:  # the tokenizers library raises a bare Exception for what it cannot read
+        raise CheckpointError(f"the tokenizer of {checkpoint_dir} cannot be loaded ({type(e).__name__}: {e})") from None
+    return config
 
 
 def parse_rtn(quantize: str) -> Tuple[int, int]:

@@ -4,7 +4,6 @@ The text is tokenized once and cut into non-overlapping windows of `window` toke
 scored on its own (no context carried across windows), so numbers are comparable between models
 and kernels as long as the tokenizer, window and text are the same.
 """
-import gzip
 import math
 from pathlib import Path
 from typing import Optional, Tuple
@@ -13,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from litgpt.model import GPT
 from tqdm.auto import tqdm
+
+from litquant.assets import evaluation_text, read_text_file
 
 
 def check_windows(window: int, max_windows: Optional[int], batch_size: int = 1) -> None:
@@ -111,14 +112,11 @@ def perplexity(
 def read_text(text_file: Optional[Path]) -> str:
     """The text of `text_file` (.txt or .gz), or the evaluation slice of jargon-text when None."""
     if text_file is None:
-        from litquant.assets import evaluation_text
-
         return evaluation_text()
     path = Path(text_file)
     if not path.is_file():
         raise FileNotFoundError(f"text file {path} not found")
-    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    text = raw.decode("utf-8", errors="replace")
+    text = read_text_file(path, "text file")
     if not text.strip():
         raise ValueError(f"text file {path} is empty")
     return text

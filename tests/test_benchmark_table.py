@@ -78,3 +78,31 @@ def test_an_interrupted_benchmark_keeps_the_rows_it_finished(tiny_llama_checkpoi
     assert [r["model"] for r in json.loads((out / "benchmark.json").read_text())] == ["unquantized (float32)"]
     assert "unquantized (float32)" in (out / "benchmark.md").read_text()
     assert sorted(p.name for p in out.iterdir()) == ["benchmark.json", "benchmark.md"]  # no partial file left
+
+
+@pytest.mark.parametrize("options, error, message", [
+    (dict(methods=["rtn", "awq"], bits=3), ValueError, "AWQ checkpoints are 4-bit only"),
+    (dict(baselines=["unquantized", "bnb.foo"]), ValueError, "--quantize 'bnb.foo': expected one of"),
+    (dict(group_size=0), ValueError, "group_size must be -1 or positive, not 0"),
+])
+def test_benchmark_checks_every_setting_before_its_first_row(tiny_llama_checkpoint, tmp_path, monkeypatch, options,
+                                                              error, message):
+    """A setting that fails one method or baseline fails the run before any row, not after the rows before it."""
+    import litquant.benchmark
+
+    monkeypatch.setattr(litquant.benchmark, "measure", lambda *_, **__: pytest.fail("a row ran"))
+    with pytest.raises(error, match=message):
+        benchmark(tiny_llama_checkpoint, **{"methods": ["rtn"], "kernels": ["torch"], "device": "cpu", **options})
+
+
+def test_benchmark_never_overwrites_files_of_its_out_dir_that_are_not_its_own(tiny_llama_checkpoint, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "calibration.txt").write_text("my notes")
+    with pytest.raises(FileExistsError, match="holds files and is not an earlier benchmark's --out_dir"):
+        benchmark(tiny_llama_checkpoint, methods=["rtn"], kernels=["torch"], device="cpu", out_dir=mine)
+    assert [(p.name, p.read_text()) for p in mine.iterdir()] == [("calibration.txt", "my notes")]
+    for _ in range(2):  # an earlier run's out_dir is replaced
+        benchmark(tiny_llama_checkpoint, methods=["rtn"], kernels=["torch"], baselines=[], max_windows=0,
+                  max_new_tokens=2, device="cpu", out_dir=tmp_path / "out")
+    assert len(json.loads((tmp_path / "out" / "benchmark.json").read_text())) == 1

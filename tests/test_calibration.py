@@ -87,6 +87,23 @@ def test_bad_calibration_files(tokenizer, tmp_path, name, content, error, messag
         calibration_tokens(tokenizer, calibration_file=tmp_path / name, num_samples=2, seq_len=8)
 
 
+def test_a_binary_file_is_refused_as_text(tokenizer, tmp_path):
+    """Calibration and perplexity refuse bytes that are not UTF-8 (perplexity used to score them as replacement
+    characters), and name the file."""
+    from litquant.perplexity import read_text
+
+    garbage = tmp_path / "garbage.txt"
+    garbage.write_bytes(bytes(range(128, 256)) * 8)
+    with pytest.raises(ValueError, match=f"calibration file {garbage} is not UTF-8 text \\(byte 0: invalid start byte"):
+        calibration_tokens(tokenizer, calibration_file=garbage, num_samples=2, seq_len=8)
+    with pytest.raises(ValueError, match=f"text file {garbage} is not UTF-8 text"):
+        read_text(garbage)
+    fake = tmp_path / "fake.gz"
+    fake.write_text("not gzip")
+    with pytest.raises(ValueError, match=f"text file {fake} is not a valid .gz file"):
+        read_text(fake)
+
+
 def test_missing_sources(tokenizer, tmp_path):
     with pytest.raises(FileNotFoundError, match="calibration file .*nowhere.txt does not exist"):
         calibration_tokens(tokenizer, calibration_file=tmp_path / "nowhere.txt")

@@ -3,6 +3,8 @@ import json
 import os
 import re
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -597,3 +599,72 @@ def test_a_checkpoint_without_a_tokenizer_fails_before_any_work(tiny_llama_check
     with pytest.raises(FileNotFoundError, match=expected):
         quantize(tiny_llama_checkpoint, tmp_path / "q", method="rtn", group_size=32, device="cpu")
     assert not (tmp_path / "q").exists()
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("model_config.yaml", "name: [tiny\n", r"model_config.yaml is not a valid litgpt model config \(ParserError"),
+    ("model_config.yaml", "- a list\n", "model_config.yaml is not a valid litgpt model config"),
+    ("model_config.yaml", "bogus_field: 1\n", "unexpected keyword argument 'bogus_field'"),
+    ("tokenizer.json", '{"version": ', "tokenizer.json is corrupt: Expecting value"),
+    ("tokenizer_config.json", "{bad", "tokenizer_config.json is corrupt: Expecting property name"),
+])
+def test_an_unreadable_config_or_tokenizer_is_named_before_any_work(tiny_llama_checkpoint, tmp_path, name, content,
+                                                                     message):
+    (tiny_llama_checkpoint / name).write_text(content)
+    with pytest.raises(CheckpointError, match=message):
+        load_model(tiny_llama_checkpoint, device="cpu")
+    with pytest.raises(CheckpointError, match=message):  # RTN quantized everything before it read the tokenizer
+        quantize(tiny_llama_checkpoint, tmp_path / "q", method="rtn", group_size=32, device="cpu")
+    assert not (tmp_path / "q").exists()
+
+
+def test_an_out_dir_that_cannot_be_written_is_refused_before_any_work(tiny_llama_checkpoint, tmp_path, monkeypatch):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(FileExistsError, match="cannot create .*afile/q: .*afile is a file, not a directory"):
+        quantize(tiny_llama_checkpoint, tmp_path / "afile" / "q", method="rtn", group_size=32, device="cpu")
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != tmp_path and real_access(path, mode))
+    with pytest.raises(PermissionError, match=f"cannot write .*new/q: {tmp_path} is not writable"):
+        quantize(tiny_llama_checkpoint, tmp_path / "new" / "q", method="rtn", group_size=32, device="cpu")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", tiny_llama_checkpoint.name]
+
+
+def test_quantize_names_its_default_out_dir_after_the_checkpoint(tiny_llama_checkpoint, monkeypatch):
+    """`litquant quantize .` inside a checkpoint writes beside it, not into it as "-rtn-4bit-g32"."""
+    monkeypatch.chdir(tiny_llama_checkpoint)
+    out = quantize(Path("."), method="rtn", group_size=32, device="cpu")
+    assert out == tiny_llama_checkpoint.parent / f"{tiny_llama_checkpoint.name}-rtn-4bit-g32"
+    with pytest.raises(ValueError, match="is already quantized: quantize the full-precision checkpoint it came from"):
+        quantize(out, method="rtn", group_size=32, device="cpu")
+
+
+def test_a_swap_over_an_earlier_result_finishes_before_ctrl_c_lands(tiny_llama_checkpoint, tmp_path, monkeypatch):
+    """--overwrite moves the earlier result away, the new one in and deletes the earlier one: a Ctrl-C in between
+    used to leave no checkpoint at out_dir (the earlier one hidden beside it). It now lands after the swap."""
+    import litquant.checkpoint as ckpt
+
+    out = quantize(tiny_llama_checkpoint, tmp_path / "q", method="rtn", bits=4, group_size=32, device="cpu")
+    real_rmtree = shutil.rmtree
+
+    def ctrl_c_then_rmtree(path, *args, **kwargs):  # the signal arrives while the earlier result is being deleted
+        os.kill(os.getpid(), signal.SIGINT)
+        real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt.shutil, "rmtree", ctrl_c_then_rmtree)
+    with pytest.raises(KeyboardInterrupt):
+        quantize(tiny_llama_checkpoint, out, method="rtn", bits=8, group_size=32, device="cpu", overwrite=True)
+    assert QuantizeConfig.load(out).bits == 8
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([tiny_llama_checkpoint.name, "q"])
+
+
+def test_ctrl_c_ends_the_cli_in_one_line(monkeypatch, capsys):
+    from litquant.__main__ import COMMANDS, main
+
+    def kernels() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(COMMANDS, "kernels", kernels)
+    monkeypatch.setattr(sys, "argv", ["litquant", "kernels"])
+    with pytest.raises(SystemExit) as exit:
+        main()
+    assert exit.value.code == 130 and capsys.readouterr().err == "\nlitquant: interrupted\n"

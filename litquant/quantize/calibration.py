@@ -22,6 +22,8 @@ from litgpt.model import GPT
 from litgpt.tokenizer import Tokenizer
 from tqdm.auto import tqdm
 
+from litquant.assets import read_text_file
+
 log = logging.getLogger("litquant.quantize")
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".json")
@@ -98,7 +100,7 @@ def read_documents(path: Path) -> List[str]:
 
 
 def _file_documents(file: Path) -> List[str]:
-    text = file.read_text(encoding="utf-8")
+    text = read_text_file(file, "calibration file")
     if file.suffix == ".txt":
         return [text]
     if file.suffix == ".jsonl":

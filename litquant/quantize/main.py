@@ -5,12 +5,13 @@ from pathlib import Path
 from typing import List, Literal, Optional
 
 import torch
+from litgpt.config import Config
 from litgpt.data import DataModule
 from litgpt.model import GPT
 from litgpt.tokenizer import Tokenizer
 
 from litquant.checkpoint import check_out_dir, load_litgpt_state, save_quantized_checkpoint
-from litquant.config import QuantizeConfig
+from litquant.config import QuantizeConfig, is_quantized_checkpoint
 from litquant.kernels import check_kernel_settings, default_dtype, resolve_device
 from litquant.load import checkpoint_config
 from litquant.precision import layer_specs
@@ -18,6 +19,21 @@ from litquant.quantize import awq, gptq, rtn
 from litquant.quantize.calibration import calibration_tokens
 
 log = logging.getLogger("litquant.quantize")
+RECIPES = {"gptq": gptq, "awq": awq}  # the calibrated methods (RTN needs no model run)
+
+
+def check_quantizable(checkpoint_dir: Path, config: QuantizeConfig) -> Config:
+    """Check, before any work, that `config` can quantize the checkpoint and that its kernel can run the result;
+    returns the model's config. (`benchmark` calls it for each method before its first row.)"""
+    if is_quantized_checkpoint(checkpoint_dir):
+        raise ValueError(f"{checkpoint_dir} is already quantized: quantize the full-precision checkpoint it came from")
+    model_config = checkpoint_config(checkpoint_dir)
+    with torch.device("meta"):  # the model's structure only
+        structure = GPT(model_config)
+    check_kernel_settings(config.kernel, layer_specs(structure, config))
+    if config.method in RECIPES:
+        RECIPES[config.method].check_model(structure, config)
+    return model_config
 
 
 def quantize(
@@ -82,25 +98,20 @@ def quantize(
     """
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     checkpoint_dir = Path(checkpoint_dir)
-    if sym is None:
-        sym = method != "awq"
     if seq_len is None:
         seq_len = 512 if method == "awq" else 2048
     if method != "rtn" and (num_samples < 1 or seq_len < 2 or batch_size < 1):
         raise ValueError(f"need num_samples >= 1, seq_len >= 2 and batch_size >= 1, got num_samples={num_samples}, "
                          f"seq_len={seq_len}, batch_size={batch_size}")
-    fmt = f"awq_{version}" if method == "awq" else checkpoint_format
-    config = QuantizeConfig(method=method, bits=bits, group_size=group_size, sym=sym, desc_act=desc_act,
-                            static_groups=static_groups, true_sequential=true_sequential, damp_percent=damp_percent,
-                            checkpoint_format=fmt, kernel=kernel, ignore_modules=list(ignore_modules))
-    model_config = checkpoint_config(checkpoint_dir)
-    with torch.device("meta"):  # the model's structure only, to fail before any work
-        structure = GPT(model_config)
-    check_kernel_settings(kernel, layer_specs(structure, config))
-    recipe = {"gptq": gptq, "awq": awq}.get(method)
-    if recipe:
-        recipe.check_model(structure, config)
-    out_dir = Path(out_dir) if out_dir else checkpoint_dir.parent / f"{checkpoint_dir.name}-{method}-{bits}bit-g{group_size}"
+    config = QuantizeConfig.for_method(method, bits=bits, group_size=group_size, sym=sym, desc_act=desc_act,
+                                       static_groups=static_groups, true_sequential=true_sequential,
+                                       damp_percent=damp_percent, checkpoint_format=checkpoint_format, version=version,
+                                       kernel=kernel, ignore_modules=list(ignore_modules))
+    model_config = check_quantizable(checkpoint_dir, config)
+    if not out_dir:  # beside the checkpoint (resolved: `quantize .` names it after the directory, not "")
+        source = checkpoint_dir.resolve()
+        out_dir = source.parent / f"{source.name}-{method}-{bits}bit-g{group_size}"
+    out_dir = Path(out_dir)
     check_out_dir(out_dir, overwrite)
     device = resolve_device(device)
     dtype = default_dtype(device)
@@ -119,8 +130,8 @@ def quantize(
                                     num_samples=num_samples, seq_len=seq_len,
                                     seed=seed, device=device, batch_size=batch_size)
         recipe_options = dict(duo_scaling=duo_scaling, apply_clip=apply_clip) if method == "awq" else {}
-        quantized = recipe.quantize_model(model, tokens, config, device=device, batch_size=batch_size,
-                                          offload=offload, dtype=dtype, **recipe_options)
+        quantized = RECIPES[method].quantize_model(model, tokens, config, device=device, batch_size=batch_size,
+                                                   offload=offload, dtype=dtype, **recipe_options)
         others = {n: t.to(save_dtype) if t.is_floating_point() else t for n, t in model.state_dict().items()
                   if n.rpartition(".")[0] not in quantized}
         for name, qw in quantized.items():
