@@ -26,8 +26,8 @@ from litquant.config import QuantizeConfig
 from litquant.generate import (checkpoint_prompt_style, decode, flex_decoding_pays_in_generate, set_kv_cache,
                                set_next_token)
 from litquant.kernels import REGISTRY, KernelNotSupported, kernel_class, resolve_device
-from litquant.load import BNB_MODES, load_model, parse_rtn
-from litquant.perplexity import check_windows, compute_perplexity, read_text
+from litquant.load import BNB_MODES, checkpoint_config, load_model, parse_rtn
+from litquant.perplexity import check_window_fits, check_windows, compute_perplexity, read_text
 
 
 @dataclass
@@ -202,6 +202,8 @@ def benchmark(
     if out_dir:
         check_benchmark_out_dir(Path(out_dir))
     checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else smollm2_checkpoint()
+    if max_windows != 0:
+        check_window_fits(window, checkpoint_config(checkpoint_dir).block_size)
     for method in methods:  # each method's settings, before the first row (a kernel that cannot run one has a row)
         check_quantizable(checkpoint_dir, quantize_config(method, bits, group_size))
     jargon = JARGON_FILE.is_file()

@@ -232,6 +232,9 @@ def generate(
     if apply_prompt_style:
         prompt = checkpoint_prompt_style(Path(checkpoint_dir), loaded.config).apply(prompt)
     encoded = tokenizer.encode(prompt, device=fabric.device)
+    if encoded.size(0) + max_new_tokens > loaded.config.block_size:
+        raise ValueError(f"the prompt's {encoded.size(0)} tokens and max_new_tokens {max_new_tokens} do not fit the "
+                         f"model's context, {loaded.config.block_size} tokens")
     model.max_seq_length = encoded.size(0) + max_new_tokens
     set_kv_cache(model, fabric.device)
     set_next_token(model, compile, flex_decoding=flex_decoding_pays_in_generate(loaded.config, fabric.device))

@@ -26,6 +26,11 @@ def check_windows(window: int, max_windows: Optional[int], batch_size: int = 1) 
         raise ValueError(f"max_windows must be at least 1 (or none, for every window), not {max_windows}")
 
 
+def check_window_fits(window: int, block_size: int) -> None:
+    if window > block_size:
+        raise ValueError(f"window {window} is longer than the model's context, {block_size} tokens")
+
+
 @torch.inference_mode()
 def compute_perplexity(model: GPT, tokens: torch.Tensor, window: int = 512, batch_size: int = 4,
                        max_windows: Optional[int] = None, progress: bool = False) -> Tuple[float, int]:
@@ -42,6 +47,7 @@ def compute_perplexity(model: GPT, tokens: torch.Tensor, window: int = 512, batc
     if tokens.dim() != 1:
         raise ValueError(f"tokens must be 1-D, got shape {list(tokens.shape)}")
     check_windows(window, max_windows, batch_size)
+    check_window_fits(window, model.config.block_size)
     n_windows = tokens.numel() // window
     if max_windows is not None:
         n_windows = min(n_windows, max_windows)
@@ -96,9 +102,10 @@ def perplexity(
             on the CPU.
         device: cuda or cpu. Default: cuda if available.
     """
-    from litquant.load import load_model
+    from litquant.load import checkpoint_config, load_model
 
     check_windows(window, max_windows, batch_size)
+    check_window_fits(window, checkpoint_config(checkpoint_dir).block_size)
     text = read_text(text_file)
     loaded = load_model(checkpoint_dir, kernel=kernel, quantize=quantize, precision=precision, device=device)
     tokens = loaded.tokenizer.encode(text, bos=False, eos=False)

@@ -92,7 +92,8 @@ def test_benchmark_checks_every_setting_before_its_first_row(tiny_llama_checkpoi
 
     monkeypatch.setattr(litquant.benchmark, "measure", lambda *_, **__: pytest.fail("a row ran"))
     with pytest.raises(error, match=message):
-        benchmark(tiny_llama_checkpoint, **{"methods": ["rtn"], "kernels": ["torch"], "device": "cpu", **options})
+        benchmark(tiny_llama_checkpoint, **{"methods": ["rtn"], "kernels": ["torch"], "max_windows": 0, "device": "cpu",
+                                            **options})
 
 
 def test_benchmark_never_overwrites_files_of_its_out_dir_that_are_not_its_own(tiny_llama_checkpoint, tmp_path):

@@ -668,3 +668,14 @@ def test_ctrl_c_ends_the_cli_in_one_line(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit:
         main()
     assert exit.value.code == 130 and capsys.readouterr().err == "\nlitquant: interrupted\n"
+
+
+def test_lengths_past_the_models_context_are_refused_by_name(tiny_llama_checkpoint, tmp_path):
+    """The tiny model's context is 128 tokens: litgpt's own message named neither option, and came later."""
+    with pytest.raises(ValueError, match="seq_len 4096 is longer than the model's context, 128 tokens"):
+        quantize(tiny_llama_checkpoint, tmp_path / "q", method="gptq", seq_len=4096, device="cpu")
+    with pytest.raises(ValueError, match="window 4096 is longer than the model's context, 128 tokens"):
+        perplexity(tiny_llama_checkpoint, text_file=tmp_path / "not read", window=4096, device="cpu")
+    with pytest.raises(ValueError, match="tokens and max_new_tokens 1000 do not fit the model's context, 128 tokens"):
+        generate(tiny_llama_checkpoint, max_new_tokens=1000, device="cpu")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [tiny_llama_checkpoint.name]

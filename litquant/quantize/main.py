@@ -108,6 +108,8 @@ def quantize(
                                        damp_percent=damp_percent, checkpoint_format=checkpoint_format, version=version,
                                        kernel=kernel, ignore_modules=list(ignore_modules))
     model_config = check_quantizable(checkpoint_dir, config)
+    if method != "rtn" and seq_len > model_config.block_size:
+        raise ValueError(f"seq_len {seq_len} is longer than the model's context, {model_config.block_size} tokens")
     if not out_dir:  # beside the checkpoint (resolved: `quantize .` names it after the directory, not "")
         source = checkpoint_dir.resolve()
         out_dir = source.parent / f"{source.name}-{method}-{bits}bit-g{group_size}"
