@@ -84,6 +84,11 @@ class QuantizeConfig:
                    version: str = "gemm", **fields) -> "QuantizeConfig":
         """The config `litquant quantize --method <method>` writes: symmetric unless AWQ (when `sym` is None), in the
         GPTQ `checkpoint_format`, or AutoAWQ's layout `version` for AWQ."""
+        if method == "awq" and checkpoint_format != "gptq":
+            raise ValueError(f"checkpoint_format {checkpoint_format!r} is a GPTQ format; AWQ's layout is its version "
+                             "(gemm or gemv)")
+        if method != "awq" and version != "gemm":
+            raise ValueError(f"version {version!r} is an AWQ layout; {method} writes a GPTQ checkpoint_format")
         return cls(method=method, sym=method != "awq" if sym is None else sym,
                    checkpoint_format=f"awq_{version}" if method == "awq" else checkpoint_format, **fields)
 

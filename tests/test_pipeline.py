@@ -679,3 +679,16 @@ def test_lengths_past_the_models_context_are_refused_by_name(tiny_llama_checkpoi
     with pytest.raises(ValueError, match="tokens and max_new_tokens 1000 do not fit the model's context, 128 tokens"):
         generate(tiny_llama_checkpoint, max_new_tokens=1000, device="cpu")
     assert sorted(p.name for p in tmp_path.iterdir()) == [tiny_llama_checkpoint.name]
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(method="rtn", ignore_modules=["lm_hed"]), "ignore_modules entry 'lm_hed' names no Linear of this model (a "
+     "name or a prefix up to a dot); its Linears: lm_head, transformer.h.0.attn.qkv, transformer.h.0.attn.proj, "
+     "transformer.h.0.mlp.fc_1, transformer.h.0.mlp.fc_2, transformer.h.0.mlp.proj, and so on in each block"),
+    (dict(method="awq", checkpoint_format="gptq_v2"), "checkpoint_format 'gptq_v2' is a GPTQ format; AWQ's layout"),
+    (dict(method="gptq", version="gemv"), "version 'gemv' is an AWQ layout; gptq writes a GPTQ checkpoint_format"),
+])
+def test_options_that_would_be_ignored_are_refused(tiny_llama_checkpoint, tmp_path, options, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        quantize(tiny_llama_checkpoint, tmp_path / "q", group_size=32, device="cpu", **options)
+    assert not (tmp_path / "q").exists()

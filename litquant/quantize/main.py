@@ -14,7 +14,7 @@ from litquant.checkpoint import check_out_dir, load_litgpt_state, save_quantized
 from litquant.config import QuantizeConfig, is_quantized_checkpoint
 from litquant.kernels import check_kernel_settings, default_dtype, resolve_device
 from litquant.load import checkpoint_config
-from litquant.precision import layer_specs
+from litquant.precision import is_ignored, layer_specs
 from litquant.quantize import awq, gptq, rtn
 from litquant.quantize.calibration import calibration_tokens
 
@@ -30,6 +30,12 @@ def check_quantizable(checkpoint_dir: Path, config: QuantizeConfig) -> Config:
     model_config = checkpoint_config(checkpoint_dir)
     with torch.device("meta"):  # the model's structure only
         structure = GPT(model_config)
+    linears = [name for name, module in structure.named_modules() if isinstance(module, torch.nn.Linear)]
+    for entry in config.ignore_modules:  # a typo would quietly quantize what it meant to keep
+        if not any(is_ignored(name, [entry]) for name in linears):
+            examples = [n for n in linears if not n.startswith("transformer.h.") or ".h.0." in n]
+            raise ValueError(f"ignore_modules entry {entry!r} names no Linear of this model (a name or a prefix up to "
+                             f"a dot); its Linears: {', '.join(examples)}, and so on in each block")
     check_kernel_settings(config.kernel, layer_specs(structure, config))
     if config.method in RECIPES:
         RECIPES[config.method].check_model(structure, config)
