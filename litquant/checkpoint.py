@@ -75,6 +75,18 @@ def check_writable(out_dir: Path) -> None:
         raise PermissionError(f"cannot write {out_dir}: {parent} is not writable")
 
 
+def sync_to_disk(directory: Path) -> None:
+    """Flush a finished directory's files, and the directory, to the disk before it is renamed into place: after a
+    power loss the rename may survive where unflushed contents would not, and a complete-looking checkpoint would hold
+    empty files."""
+    for path in [*Path(directory).iterdir(), Path(directory)]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 @contextlib.contextmanager
 def signals_deferred():
     """Ctrl-C (SIGINT) and SIGTERM wait until the block is done, so that a few renames that must happen together do;
@@ -142,6 +154,7 @@ def save_quantized_checkpoint(out_dir: Path, quantized: Dict[str, QuantizedWeigh
             if (tmp / "tokenizer_config.json").is_file():
                 pin_add_bos_token(tmp, Tokenizer(tokenizer_dir).use_bos)
         config.save(tmp)  # last: its presence marks a finished checkpoint
+        sync_to_disk(tmp)
         with signals_deferred():  # never the earlier result moved away and the new one not yet in its place
             if out_dir.exists():
                 old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"

@@ -33,7 +33,7 @@ from litgpt.tokenizer import Tokenizer
 from litgpt.utils import save_config
 from tqdm.auto import tqdm
 
-from litquant.checkpoint import check_writable, pin_add_bos_token
+from litquant.checkpoint import check_writable, pin_add_bos_token, sync_to_disk
 
 SUPPORTED_TENSOR_TYPES = (
     GGMLQuantizationType.F32,
@@ -109,6 +109,7 @@ def convert_gguf_to_litgpt(gguf_file: Path, out_dir: Path, model_name: Optional[
         for name, content in tokenizer_files.items():
             (tmp_dir / name).write_text(content, encoding="utf-8")
         pin_add_bos_token(tmp_dir, Tokenizer(tmp_dir).use_bos)
+        sync_to_disk(tmp_dir)
         # rename(2) replaces an empty directory, and fails if another process filled it meanwhile.
         os.replace(tmp_dir, out_dir)
     finally:
