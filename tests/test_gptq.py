@@ -175,6 +175,21 @@ def test_linears_reading_the_same_input_share_one_hessian():
     assert len({id(h) for h in hessians.values()}) == 3
 
 
+def test_a_stage_pass_stops_once_its_linears_have_their_inputs():
+    """`attn.qkv`'s stage runs the block only up to it (no attention, no MLP), with the same Hessian as a full pass."""
+    model = GPT(tiny_config("llama"))
+    block = model.transformer.h[0]
+    inputs = embed_calibration(model, torch.randint(0, 96, (4, 16)), torch.device("cpu"), torch.float32, 2, False)
+    calls = []
+    block.attn.proj.register_forward_pre_hook(lambda *_: calls.append("attn.proj"))
+    block.mlp.register_forward_pre_hook(lambda *_: calls.append("mlp"))
+    qkv_only = collect_hessians(block, inputs, ["attn.qkv"])["attn.qkv"]
+    assert calls == []
+    with_the_whole_block = collect_hessians(block, inputs, ["attn.qkv", "mlp.proj"])["attn.qkv"]
+    assert calls == ["attn.proj", "mlp"] * 2  # both batches, up to mlp.proj
+    assert torch.equal(qkv_only.matrix, with_the_whole_block.matrix) and qkv_only.tokens == 64
+
+
 def test_a_linear_without_calibration_tokens_falls_back_to_rtn(caplog):
     linear = torch.nn.Linear(64, 32)
     config = QuantizeConfig(method="gptq", bits=4, group_size=32)

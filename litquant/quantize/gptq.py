@@ -217,34 +217,46 @@ def sequential_stages(names: List[str]) -> List[List[str]]:
     return [[n for n in names if stage_of[n] == i] for i in range(len(SEQUENTIAL_STAGES)) if i in stage_of.values()]
 
 
+class StageInputsSeen(Exception):
+    """Raised once every Linear of a stage has had its input in this pass: the rest of the block's forward would
+    compute nothing that the Hessians need."""
+
+
 @torch.no_grad()
 def collect_hessians(block: Block, inputs: BlockInputs, names: List[str]) -> Dict[str, Hessian]:
     """One pass of the calibration inputs through `block`, accumulating the Hessian of each named Linear.
 
     Linears called on the very same input tensor (`mlp.fc_1` and `mlp.fc_2`) share one Hessian: the
-    result maps each of them to the same object. A Linear the block never called is absent.
+    result maps each of them to the same object. A Linear the block never called is absent. Each batch's pass
+    stops at the last of the Linears to get its input (the stages of true_sequential: `attn.qkv`'s pass is the norm
+    before it, `attn.proj`'s the attention), unless one of them is not called (an MoE expert no token chose).
     """
     hessians: Dict[str, Hessian] = {}
     seen: List[Tuple[torch.Tensor, str]] = []  # the inputs met during the current forward pass
+    waiting = set(names)  # the Linears of this stage not yet called in the current pass
 
     def hook(name: str, module: nn.Linear, args: tuple) -> None:
         x = args[0]
         if name not in hessians:  # first call: share the Hessian of a Linear that read this same tensor
             owner = next((other for tensor, other in seen if tensor is x), None)
             hessians[name] = hessians[owner] if owner is not None else Hessian(module.in_features, x.device)
-            if owner is not None:
-                return
-        elif any(tensor is x for tensor, _ in seen):
-            return
-        hessians[name].add(x)
-        seen.append((x, name))
+        if not any(tensor is x for tensor, _ in seen):
+            hessians[name].add(x)
+            seen.append((x, name))
+        waiting.discard(name)
+        if not waiting:
+            raise StageInputsSeen
 
     handles = [block.get_submodule(name).register_forward_pre_hook(lambda m, args, name=name: hook(name, m, args))
                for name in names]
     try:
         for h in inputs.batches():
-            inputs.forward_block(block, h)
+            try:
+                inputs.forward_block(block, h)
+            except StageInputsSeen:
+                pass
             seen.clear()
+            waiting.update(names)
     finally:
         for handle in handles:
             handle.remove()
