@@ -40,7 +40,7 @@ class LoadedModel:
 
 def checkpoint_config(checkpoint_dir: Path) -> Config:
     """The model config of a litgpt or litquant checkpoint directory, or a clear error if it is not one: its
-    model_config.yaml or tokenizer missing, or either one unreadable (checked here, before any work)."""
+    model_config.yaml or tokenizer missing, or its model_config.yaml unreadable (checked here, before any work)."""
     checkpoint_dir = Path(checkpoint_dir)
     path = checkpoint_dir / "model_config.yaml"
     if not path.is_file():
@@ -49,21 +49,25 @@ def checkpoint_config(checkpoint_dir: Path) -> Config:
         raise FileNotFoundError(f"{checkpoint_dir} has no tokenizer.json or tokenizer.model: copy the tokenizer files "
                                 "of the model into it (litgpt's download puts them there)")
     try:
-        config = Config.from_file(path)
+        return Config.from_file(path)
     except (yaml.YAMLError, UnicodeDecodeError, AttributeError, TypeError, ValueError) as e:  # AttributeError: not a
         # mapping; TypeError: a field litgpt's Config does not have
         raise CheckpointError(f"{path} is not a valid litgpt model config ({type(e).__name__}: {e})") from None
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        if (checkpoint_dir / name).is_file():
-            try:
-                json.loads((checkpoint_dir / name).read_text(encoding="utf-8"))
-            except ValueError as e:  # JSONDecodeError or UnicodeDecodeError
-                raise CheckpointError(f"{checkpoint_dir / name} is corrupt: {e}") from None
+
+
+def load_tokenizer(checkpoint_dir: Path) -> Tokenizer:
+    """litgpt's Tokenizer of a checkpoint, or an error that names the file it could not read (the tokenizers library
+    raises a bare Exception without one, and a corrupt tokenizer_config.json a JSONDecodeError)."""
     try:
-        Tokenizer(checkpoint_dir)
-    except Exception as e:  # the tokenizers library raises a bare Exception for what it cannot read
+        return Tokenizer(checkpoint_dir)
+    except Exception as e:
+        for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+            if (Path(checkpoint_dir) / name).is_file():
+                try:
+                    json.loads((Path(checkpoint_dir) / name).read_text(encoding="utf-8"))
+                except ValueError as bad:  # JSONDecodeError or UnicodeDecodeError
+                    raise CheckpointError(f"{Path(checkpoint_dir) / name} is corrupt: {bad}") from None
         raise CheckpointError(f"the tokenizer of {checkpoint_dir} cannot be loaded ({type(e).__name__}: {e})") from None
-    return config
 
 
 def parse_rtn(quantize: str) -> Tuple[int, int]:
@@ -81,6 +85,7 @@ class LoadPlan:
     config: Config
     device: torch.device
     precision: str
+    tokenizer: Tokenizer
     qconfig: Optional[QuantizeConfig]  # for a quantized checkpoint, or RTN while loading
     kernel: Optional[str]
     quantize: Optional[str]
@@ -120,7 +125,8 @@ def plan_load(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: O
             select_kernel(kernel, specs, device, PRECISIONS[precision])
     if quantized:
         open_weights(checkpoint_dir, torch.device("cpu"))  # the header: a truncated file fails here
-    return LoadPlan(checkpoint_dir, config, device, precision, qconfig, kernel, quantize, quantized)
+    tokenizer = load_tokenizer(checkpoint_dir)
+    return LoadPlan(checkpoint_dir, config, device, precision, tokenizer, qconfig, kernel, quantize, quantized)
 
 
 def load_model(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: Optional[str] = None,
@@ -157,7 +163,7 @@ def load_model(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: 
         label, kernel = str(dtype).replace("torch.", ""), None
     model.eval()
     model = fabric.setup_module(model)
-    return LoadedModel(fabric, model, Tokenizer(checkpoint_dir), config, label, kernel, time.perf_counter() - start)
+    return LoadedModel(fabric, model, plan.tokenizer, config, label, kernel, time.perf_counter() - start)
 
 
 def _load_bnb(config: Config, checkpoint_dir: Path, mode: str, dtype: torch.dtype, device: torch.device) -> GPT:

@@ -13,7 +13,7 @@ from litgpt.tokenizer import Tokenizer
 from litquant.checkpoint import check_out_dir, load_litgpt_state, save_quantized_checkpoint
 from litquant.config import QuantizeConfig, is_quantized_checkpoint
 from litquant.kernels import check_kernel_settings, default_dtype, resolve_device
-from litquant.load import checkpoint_config
+from litquant.load import checkpoint_config, load_tokenizer
 from litquant.precision import is_ignored, layer_specs
 from litquant.quantize import awq, gptq, rtn
 from litquant.quantize.calibration import calibration_tokens
@@ -28,6 +28,7 @@ def check_quantizable(checkpoint_dir: Path, config: QuantizeConfig) -> Config:
     if is_quantized_checkpoint(checkpoint_dir):
         raise ValueError(f"{checkpoint_dir} is already quantized: quantize the full-precision checkpoint it came from")
     model_config = checkpoint_config(checkpoint_dir)
+    load_tokenizer(checkpoint_dir)  # RTN reads it only when it saves, GPTQ and AWQ after loading the model
     with torch.device("meta"):  # the model's structure only
         structure = GPT(model_config)
     linears = [name for name, module in structure.named_modules() if isinstance(module, torch.nn.Linear)]
