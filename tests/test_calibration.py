@@ -131,6 +131,21 @@ def test_litgpt_datamodule(tokenizer, tmp_path):
         assert contains(tokens.flatten(), tokenizer.encode(words, bos=False).long())
 
 
+def test_a_failed_download_says_what_to_do_and_leaves_no_empty_folder(tokenizer, tmp_path, monkeypatch):
+    import litgpt.data.alpaca
+    from litgpt.data import Alpaca
+
+    def offline(path, url, *args, **kwargs):
+        raise ConnectionError(f"Failed to resolve host of {url}")
+
+    monkeypatch.setattr(litgpt.data.alpaca, "download_if_missing", offline)
+    (tmp_path / "kept").mkdir()
+    for download_dir in (tmp_path / "data" / "alpaca", tmp_path / "kept"):
+        with pytest.raises(OSError, match="could not download Alpaca's data: Failed to resolve .*--calibration_file"):
+            calibration_tokens(tokenizer, data=Alpaca(download_dir=download_dir), num_samples=1, seq_len=8)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "tokenizer"]  # data/alpaca was made, then removed
+
+
 def test_self_generated_calibration(tokenizer):
     torch.manual_seed(0)
     model = GPT(tiny_config("llama"))

@@ -142,7 +142,7 @@ def tokenize_documents(tokenizer: Tokenizer, documents: List[str]) -> torch.Tens
 def datamodule_stream(data: DataModule, tokenizer: Tokenizer, seq_len: int, max_tokens: int) -> torch.Tensor:
     """The `input_ids` of `data`'s training samples, concatenated, stopping once `max_tokens` are collected."""
     data.connect(tokenizer=tokenizer, batch_size=1, max_seq_length=seq_len)
-    data.prepare_data()
+    prepare_datamodule(data)
     data.setup()
     chunks, total = [], 0
     for batch in data.train_dataloader():  # batch size 1: no padding
@@ -154,6 +154,24 @@ def datamodule_stream(data: DataModule, tokenizer: Tokenizer, seq_len: int, max_
     if not chunks:
         raise ValueError(f"{type(data).__name__} has no training samples to calibrate on")
     return torch.cat(chunks)
+
+
+def prepare_datamodule(data: DataModule) -> None:
+    """`data.prepare_data()` (a download, for most of litgpt's DataModules), leaving no empty download folder behind
+    when it fails, and saying what to do instead."""
+    download_dir = getattr(data, "download_dir", None)
+    created = [] if download_dir is None else [p for p in (Path(download_dir), *Path(download_dir).parents)
+                                               if not p.exists()]
+    try:
+        data.prepare_data()
+    except BaseException as e:
+        for folder in created:  # deepest first; only the ones this call created, and only while empty
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        if isinstance(e, OSError):  # no network, most often (requests' errors are OSErrors)
+            raise OSError(f"could not download {type(data).__name__}'s data: {e}; without network, calibrate on a "
+                          "local file with --calibration_file") from e
+        raise
 
 
 @torch.no_grad()
