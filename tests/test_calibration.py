@@ -118,6 +118,32 @@ def test_missing_sources(tokenizer, tmp_path):
         calibration_tokens(tokenizer, calibration_file=tmp_path / "docs", num_samples=0)
 
 
+def test_a_long_text_file_is_tokenized_in_seeded_pieces(tokenizer, tmp_path, monkeypatch, caplog):
+    from litquant.quantize import calibration
+
+    lines = [f"Line {i}: the hacker's {'jargon ' * (i % 7)}entry.\n" for i in range(4000)]
+    (tmp_path / "long.txt").write_text("".join(lines))
+    tokenized = []
+    tokenize = calibration.tokenize_documents
+    monkeypatch.setattr(calibration, "tokenize_documents",
+                        lambda tok, docs: tokenized.append(docs) or tokenize(tok, docs))
+    whole = calibration_tokens(tokenizer, calibration_file=tmp_path / "long.txt", num_samples=32, seq_len=128)
+    assert tokenized[-1] == ["".join(lines)]  # under FULL_TEXT_CHARS: all of it, as before
+
+    monkeypatch.setattr(calibration, "FULL_TEXT_CHARS", 10_000)
+    with caplog.at_level(logging.INFO, logger="litquant.quantize"):
+        tokens = calibration_tokens(tokenizer, calibration_file=tmp_path / "long.txt", num_samples=32,
+                                    seq_len=128)
+    assert "tokenizing" in caplog.text and "random pieces" in caplog.text
+    pieces = tokenized[-1]
+    assert 1 < len(pieces) and sum(map(len, pieces)) < len("".join(lines)) / 4
+    assert all(piece.endswith("\n") and piece in "".join(lines) for piece in pieces)  # cut at line ends
+    assert tokens.shape == whole.shape == (32, 128) and not torch.equal(tokens, whole)
+    assert torch.equal(tokens, calibration_tokens(tokenizer, calibration_file=tmp_path / "long.txt", num_samples=32,
+                                                  seq_len=128))
+    assert tokenized[-1] != calibration.pieces_to_tokenize(tokenizer, ["".join(lines)], 32 * 128, seed=7)
+
+
 def test_litgpt_datamodule(tokenizer, tmp_path):
     records = [{"instruction": f"Define entry {i}.", "input": "", "output": TEXT[i * 80:(i + 1) * 80]}
                for i in range(30)]

@@ -4,7 +4,8 @@ Every source ends the same way: one long stream of token ids is cut into non-ove
 `seq_len` tokens, and `num_samples` of them are picked in an order shuffled with a fixed seed, so the same
 inputs always give the same tokens. When the text holds fewer windows than asked for, all of them are
 used, with a warning (calibrating on less is better than failing, and repeating windows adds nothing);
-when it holds less than one window, it is an error that says how many tokens there were.
+when it holds less than one window, it is an error that says how many tokens there were. A text file far longer
+than needed (past 8 M characters) is not tokenized whole: a seeded choice of its pieces is (`pieces_to_tokenize`).
 
 Without data, the model writes its own calibration text (data-free, as in LLM-QAT, Liu et al. 2023,
 arXiv:2305.17888): `num_samples` sequences sampled at temperature 1 from the full distribution, each
@@ -27,6 +28,7 @@ from litquant.assets import read_text_file
 log = logging.getLogger("litquant.quantize")
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".json")
+FULL_TEXT_CHARS = 8_000_000  # calibration text up to this size is tokenized whole (10-15 s at most)
 # The openings of self-generated samples (cycled), for variety beyond what sampling gives: prose, dialogue,
 # instructions, lists and code. The empty one starts from BOS alone.
 OPENINGS = ("", "The", "In", "I", "Once upon a time", "Question:", "def", "1.", "We", "It is", "#", "A",
@@ -58,7 +60,8 @@ def calibration_tokens(tokenizer: Tokenizer, *, model: Optional[GPT] = None, dat
         raise ValueError("pass either `data` or `calibration_file` for calibration, not both")
     if calibration_file is not None:
         calibration_file = Path(calibration_file)
-        stream = tokenize_documents(tokenizer, read_documents(calibration_file))
+        documents = pieces_to_tokenize(tokenizer, read_documents(calibration_file), num_samples * seq_len, seed)
+        stream = tokenize_documents(tokenizer, documents)
         return windows(stream, num_samples, seq_len, seed, str(calibration_file))
     if data is not None:
         stream = datamodule_stream(data, tokenizer, seq_len, num_samples * seq_len)
@@ -131,6 +134,51 @@ def _record_text(record: object, where: str) -> str:
     keys = sorted(record) if isinstance(record, dict) else type(record).__name__
     raise ValueError(f"{where}: expected a record with a \"text\" field or alpaca-style \"instruction\"/\"output\" "
                      f"fields, found {keys}")
+
+
+def pieces_to_tokenize(tokenizer: Tokenizer, documents: List[str], tokens_needed: int, seed: int) -> List[str]:
+    """The documents, whole; or, when they are far longer than the calibration needs, a seeded random choice of
+    pieces of them (cut at line ends, in their order in the text) holding about twice the text needed.
+
+    Tokenizing runs at a few hundred KB a second on one core: a whole 100 MB corpus would take minutes, for the
+    ~1 MB that 128 sequences of 2048 tokens hold. Text up to `FULL_TEXT_CHARS` (or 4x the need) is always tokenized
+    whole, so its windows come from anywhere in it, as they always have.
+    """
+    total = sum(len(doc) for doc in documents)
+    sample = ""
+    for doc in documents:  # the first 64 K characters, for the characters a token
+        sample += doc[:65536 - len(sample)]
+        if len(sample) >= 65536:
+            break
+    chars_per_token = len(sample) / max(1, tokenizer.encode(sample, bos=False).numel())
+    wanted = 2 * tokens_needed * chars_per_token
+    if total <= max(FULL_TEXT_CHARS, 4 * wanted):
+        return documents
+    piece_chars = max(4096, int(wanted / 256))  # at least 256 pieces to choose from
+    pieces = [piece for doc in documents for piece in cut_at_line_ends(doc, piece_chars)]
+    order = torch.randperm(len(pieces), generator=torch.Generator().manual_seed(seed)).tolist()
+    chosen, chars = [], 0
+    for i in order:
+        chosen.append(i)
+        chars += len(pieces[i])
+        if chars >= wanted:
+            break
+    log.info(f"calibration text: {total:,} characters; tokenizing {len(chosen)} random pieces of it "
+             f"({chars:,} characters, about twice the {tokens_needed:,} tokens needed)")
+    return [pieces[i] for i in sorted(chosen)]
+
+
+def cut_at_line_ends(text: str, size: int) -> List[str]:
+    """`text` in consecutive pieces of about `size` characters, each ending at a line end where one is near."""
+    pieces, start = [], 0
+    while start < len(text):
+        end = min(len(text), start + size)
+        if end < len(text):
+            line_end = text.rfind("\n", start + size // 2, end)
+            end = line_end + 1 if line_end >= 0 else end
+        pieces.append(text[start:end])
+        start = end
+    return pieces
 
 
 def tokenize_documents(tokenizer: Tokenizer, documents: List[str]) -> torch.Tensor:
