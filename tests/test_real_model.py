@@ -33,6 +33,20 @@ def test_rtn_checkpoints_against_bf16_and_nf4(tmp_path):
     assert results["unquantized bf16"] < results["bnb.nf4"]
 
 
+def test_perplexity_tokenizes_only_the_start_it_scores():
+    from litgpt.tokenizer import Tokenizer
+
+    from litquant.perplexity import encode_start
+
+    tokenizer = Tokenizer(assets.smollm2_checkpoint())
+    text = assets.evaluation_text()
+    whole = tokenizer.encode(text, bos=False, eos=False)
+    for needed in (1, 511, 3 * 512, 16 * 512):
+        assert torch.equal(encode_start(tokenizer, text, needed), whole[:needed])
+    assert torch.equal(encode_start(tokenizer, text, whole.numel() + 5), whole)  # shorter than asked: all of it
+    assert torch.equal(encode_start(tokenizer, text, None), whole)
+
+
 def test_quantized_checkpoint_answers_in_english(tmp_path):
     from litgpt.generate.base import generate
     from litgpt.prompts import PromptStyle
