@@ -27,7 +27,7 @@ from litquant.generate import (checkpoint_prompt_style, decode, flex_decoding_pa
                                set_next_token)
 from litquant.kernels import REGISTRY, KernelNotSupported, kernel_class, resolve_device
 from litquant.load import BNB_MODES, checkpoint_config, load_model, parse_rtn
-from litquant.perplexity import check_window_fits, check_windows, compute_perplexity, read_text
+from litquant.perplexity import check_window_fits, check_windows, compute_perplexity, encode_start, read_text
 
 
 @dataclass
@@ -76,7 +76,7 @@ def measure(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: Opt
         model.clear_kv_cache()
         perplexity = None
         if evaluation:
-            tokens = tokenizer.encode(evaluation, bos=False, eos=False)
+            tokens = encode_start(tokenizer, evaluation, None if max_windows is None else max_windows * window)
             perplexity = compute_perplexity(model, tokens, window=window, max_windows=max_windows)[0]
     text = tokenizer.decode(torch.tensor(answer)).strip().replace("\n", " ").replace("|", "/")  # one table cell
     row = Row(loaded.quantization, loaded.kernel or ("bitsandbytes" if quantize else "-"),
