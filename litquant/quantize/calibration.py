@@ -145,6 +145,8 @@ def pieces_to_tokenize(tokenizer: Tokenizer, documents: List[str], tokens_needed
     whole, so its windows come from anywhere in it, as they always have.
     """
     total = sum(len(doc) for doc in documents)
+    if total <= FULL_TEXT_CHARS:
+        return documents
     sample = ""
     for doc in documents:  # the first 64 K characters, for the characters a token
         sample += doc[:65536 - len(sample)]
@@ -152,7 +154,7 @@ def pieces_to_tokenize(tokenizer: Tokenizer, documents: List[str], tokens_needed
             break
     chars_per_token = len(sample) / max(1, tokenizer.encode(sample, bos=False).numel())
     wanted = 2 * tokens_needed * chars_per_token
-    if total <= max(FULL_TEXT_CHARS, 4 * wanted):
+    if total <= 4 * wanted:
         return documents
     piece_chars = max(4096, int(wanted / 256))  # at least 256 pieces to choose from
     pieces = [piece for doc in documents for piece in cut_at_line_ends(doc, piece_chars)]
