@@ -140,9 +140,9 @@ def pieces_to_tokenize(tokenizer: Tokenizer, documents: List[str], tokens_needed
     """The documents, whole; or, when they are far longer than the calibration needs, a seeded random choice of
     pieces of them (cut at line ends, in their order in the text) holding about twice the text needed.
 
-    Tokenizing runs at well under a MB a second (SmolLM2's tokenizer, 65 MB: 101 s), which a whole corpus would
-    take for the ~1 MB that 128 sequences of 2048 tokens hold. Text up to `FULL_TEXT_CHARS` (or 4x the need) is always tokenized
-    whole, so its windows come from anywhere in it, as they always have.
+    Tokenizing runs at well under a MB a second (SmolLM2's tokenizer: 65 MB in 101 s), so a whole corpus would take
+    minutes for the ~1 MB that 128 sequences of 2048 tokens hold. Text up to `FULL_TEXT_CHARS` (or 4x the need) is
+    always tokenized whole, so its windows come from anywhere in it, as they always have.
     """
     total = sum(len(doc) for doc in documents)
     if total <= FULL_TEXT_CHARS:
