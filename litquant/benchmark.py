@@ -23,8 +23,7 @@ import torch
 from litquant.assets import JARGON_FILE, calibration_text, evaluation_text, smollm2_checkpoint
 from litquant.checkpoint import check_writable
 from litquant.config import QuantizeConfig
-from litquant.generate import (checkpoint_prompt_style, decode, flex_decoding_pays_in_generate, set_kv_cache,
-                               set_next_token)
+from litquant.generate import decode, prepare_decoding
 from litquant.kernels import REGISTRY, KernelNotSupported, kernel_class, resolve_device
 from litquant.load import BNB_MODES, checkpoint_config, load_model, parse_rtn
 from litquant.perplexity import check_window_fits, check_windows, compute_perplexity, encode_start, read_text
@@ -61,11 +60,9 @@ def measure(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: Opt
     """Load `checkpoint_dir` as asked, answer `prompt` greedily (timed after 4 untimed tokens, which pay a process's
     one-time costs and, with `compile`, the compilation), and score `evaluation`."""
     loaded = load_model(checkpoint_dir, kernel=kernel, quantize=quantize, precision=precision, device=device)
-    model, tokenizer, device = loaded.model, loaded.tokenizer, loaded.fabric.device
-    encoded = tokenizer.encode(checkpoint_prompt_style(Path(checkpoint_dir), loaded.config).apply(prompt), device=device)
-    model.max_seq_length = max(encoded.size(0) + max_new_tokens, window if evaluation else 0)
-    set_kv_cache(model, device)
-    set_next_token(model, compile, flex_decoding=flex_decoding_pays_in_generate(loaded.config, device))
+    model, tokenizer = loaded.model, loaded.tokenizer
+    encoded = prepare_decoding(loaded, checkpoint_dir, prompt, max_new_tokens, compile,
+                               cache_positions=window if evaluation else 0)
     with torch.inference_mode():
         for _ in decode(model, encoded, min(max_new_tokens, 4), temperature=0.0):  # the step compiles at token 2
             pass

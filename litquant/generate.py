@@ -14,7 +14,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from litquant.attention import use_flex_decoding
 from litquant.kernels.base import QuantLinear, dependent_launches_allowed
-from litquant.load import load_model
+from litquant.load import LoadedModel, load_model
 
 # `decode` reads the new tokens back to the host this many at a time, so the host queues that many decode steps
 # ahead of the GPU. litgpt's loop reads every token back (`.item()`), and the GPU idles while Python prepares the
@@ -142,6 +142,24 @@ def set_shared_kv_cache(model, config: Config, device: torch.device, compile: bo
     set_next_token(model, compile, flex_decoding=True)
 
 
+def prepare_decoding(loaded: LoadedModel, checkpoint_dir: Path, prompt: str, max_new_tokens: int, compile: bool, *,
+                     apply_prompt_style: bool = True, cache_positions: int = 0) -> torch.Tensor:
+    """The prompt's token ids on the model's device, in the checkpoint's chat template unless not
+    `apply_prompt_style`, with the model made ready to `decode` them: its KV cache sized for the prompt and
+    `max_new_tokens` (or `cache_positions` if more) and its decode step set (`set_next_token`)."""
+    if apply_prompt_style:
+        prompt = checkpoint_prompt_style(Path(checkpoint_dir), loaded.config).apply(prompt)
+    device = loaded.fabric.device
+    encoded = loaded.tokenizer.encode(prompt, device=device)
+    if encoded.size(0) + max_new_tokens > loaded.config.block_size:
+        raise ValueError(f"the prompt's {encoded.size(0)} tokens and max_new_tokens {max_new_tokens} do not fit the "
+                         f"model's context, {loaded.config.block_size} tokens")
+    loaded.model.max_seq_length = max(encoded.size(0) + max_new_tokens, cache_positions)
+    set_kv_cache(loaded.model, device)
+    set_next_token(loaded.model, compile, flex_decoding=flex_decoding_pays_in_generate(loaded.config, device))
+    return encoded
+
+
 @torch.inference_mode()
 def decode(model, prompt: torch.Tensor, max_new_tokens: int, *, eos_id: Optional[int] = None,
            readback_every: int = READBACK_EVERY, **sample_kwargs) -> Iterator[List[int]]:
@@ -229,15 +247,8 @@ def generate(
     fabric, model, tokenizer = loaded.fabric, loaded.model, loaded.tokenizer
     print(f"loaded {checkpoint_dir} ({loaded.quantization}, kernel {loaded.kernel or '-'}) in {loaded.load_seconds:.2f} s",
           file=sys.stderr)
-    if apply_prompt_style:
-        prompt = checkpoint_prompt_style(Path(checkpoint_dir), loaded.config).apply(prompt)
-    encoded = tokenizer.encode(prompt, device=fabric.device)
-    if encoded.size(0) + max_new_tokens > loaded.config.block_size:
-        raise ValueError(f"the prompt's {encoded.size(0)} tokens and max_new_tokens {max_new_tokens} do not fit the "
-                         f"model's context, {loaded.config.block_size} tokens")
-    model.max_seq_length = encoded.size(0) + max_new_tokens
-    set_kv_cache(model, fabric.device)
-    set_next_token(model, compile, flex_decoding=flex_decoding_pays_in_generate(loaded.config, fabric.device))
+    encoded = prepare_decoding(loaded, checkpoint_dir, prompt, max_new_tokens, compile,
+                               apply_prompt_style=apply_prompt_style)
     L.seed_everything(1234)
     text = ""
     for i in range(num_samples):
