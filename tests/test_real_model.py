@@ -97,10 +97,9 @@ def greedy_tokens(checkpoint_dir, prompt, max_new_tokens, *, kernel, compile):
 
 
 @torch.inference_mode()
-def gaps_to_torchs_best(checkpoint_dir, prompt_ids, answer):
-    """For each token of `answer`, how far its logit falls below the best one of the checkpoint on torch's kernel,
-    fed the prompt and the answer's earlier tokens in one eager pass."""
-    model = load_model(checkpoint_dir, kernel="torch", precision="16-true", device="cuda").model
+def gaps_to_best(model, prompt_ids, answer):
+    """For each token of `answer`, how far its logit falls below `model`'s best, the model fed the prompt and the
+    answer's earlier tokens in one eager pass."""
     ids = torch.cat([prompt_ids, answer])
     model.max_seq_length = ids.numel()
     logits = model(ids[None])[0, prompt_ids.numel() - 1:-1].float()
@@ -130,15 +129,17 @@ def test_gptq_checkpoint_on_marlin_generates_torchs_greedy_text(tmp_path):
                    device="cuda")
     prompt = "What is a hacker?"
     prompt_ids, torch_answer, tokenizer = greedy_tokens(out, prompt, 48, kernel="torch", compile=False)
-    floor = gaps_to_torchs_best(out, prompt_ids, torch_answer).max().item()  # one pass against token-by-token steps
+    reference = load_model(out, kernel="torch", precision="16-true", device="cuda").model
+    floor = gaps_to_best(reference, prompt_ids, torch_answer).max().item()  # one pass against token-by-token steps
+    torch_text = tokenizer.decode(torch_answer)
     print(f"GPTQ 4-bit g64 act_order, fp16, greedy, torch (largest gap to its own one-pass best {floor:.3f}): "
-          f"{tokenizer.decode(torch_answer)!r}")
-    assert len(tokenizer.decode(torch_answer).split()) >= 10
+          f"{torch_text!r}")
+    assert len(torch_text.split()) >= 10
     for compile in (False, True):
         _, answer, _ = greedy_tokens(out, prompt, 48, kernel="marlin", compile=compile)
         same = next((i for i, (a, b) in enumerate(zip(answer.tolist(), torch_answer.tolist())) if a != b),
                     min(answer.numel(), torch_answer.numel()))
-        gaps = gaps_to_torchs_best(out, prompt_ids, answer)
+        gaps = gaps_to_best(reference, prompt_ids, answer)
         print(f"marlin, compile={compile}: the first {same} of {answer.numel()} tokens as torch's, largest gap to "
               f"torch's best {gaps.max().item():.3f} (at token {gaps.argmax().item()}): {tokenizer.decode(answer)!r}")
         assert gaps.max().item() <= NEAR_TIE_LOGITS
