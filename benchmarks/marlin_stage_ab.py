@@ -10,11 +10,17 @@ An old folder is a copy of csrc/marlin at another commit, inside the tree so tha
 
 Each cell is checked first: every build's output (NaN-poisoned) against the dequantized weight times x in fp32.
 Then all are timed with `kernels.alternate` (all graphs replayed in turn, at one clock; medians in us a call).
+That measures cycles at a clock the builds share, not energy: under the power cap, which marlin reaches from M = 16
+on, a build that needs less energy a call runs at a higher clock alone. `AB_ALONE=1` also times each build alone,
+after 1 s of its own calls, with its SM clock, power and energy a call (benchmarks/power.py;
+results/2026-12-05-power-cap.md).
 With `LITQUANT_CUDA_ARCH=8.0` every build is the Ampere code (litquant/kernels/build.py), which A/Bs the mma.sync
 kernel on a Hopper (old folders from 2141ca5 on: older sources do not take the Ampere paths there)."""
 import math
+import os
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -23,6 +29,7 @@ from torch.utils.cpp_extension import load
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, ".")
 from kernels import L2_MULTIPLE, SHAPES, alternate, build_litquant, build_peer  # noqa: E402
+from power import sample_forever, timed_window  # noqa: E402
 from litquant.kernels import build  # noqa: E402
 
 old_folders = [Path(f) for f in sys.argv[1].split(",")]
@@ -30,6 +37,9 @@ shapes = sys.argv[2].split(",") if len(sys.argv) > 2 else list(SHAPES)
 ms = [int(m) for m in sys.argv[3].split(",")] if len(sys.argv) > 3 else [64, 128, 256, 512, 1024]
 dtypes = sys.argv[4].split(",") if len(sys.argv) > 4 else ["bf16", "fp16"]
 dev = torch.device("cuda")
+alone = os.environ.get("AB_ALONE") == "1"
+if alone:
+    threading.Thread(target=sample_forever, daemon=True).start()
 
 build.load("marlin")
 ops = {"new": torch.ops.litquant_marlin}
@@ -83,3 +93,7 @@ for dtype_name in dtypes:
                   + "  ".join(f"{name} {times[name]:7.1f} ({times['cublas'] / times[name]:.2f}x)" for name in ops)
                   + "   new/" + ", new/".join(f"{name} {times['new'] / times[name]:.3f}" for name in ops if name != "new")
                   + f"   err {', '.join(errors)}", flush=True)
+            if alone:
+                for name, fns in dict(variants, cublas=cublas).items():
+                    print(f"    {name:>6} alone, settled: {timed_window(fns, x, idle_s=0.0, settle_s=1.0)}",
+                          flush=True)
