@@ -4,7 +4,8 @@ Each cell (shape, M, kernel) is timed twice as benchmarks/kernels.py times it (C
 larger than 4x the L2): first after `--idle_s` seconds with the GPU idle (the clock at its boost), then after
 `--settle_s` seconds of the cell's own calls (its steady state under the cap, as the kernel tables time it). A
 thread samples nvidia-smi meanwhile; each line gives the time per call, the median SM clock and power draw over the
-timed window, and the energy per call (power x time).
+second half of the settling and the timed replays, and the energy per call (power x time). From idle, that window
+holds few samples or none: its time is what counts there.
 
     python3 benchmarks/power.py --shapes 70B-up --m 64 --kernels marlin,cublas
 """
@@ -26,7 +27,7 @@ samples = []  # (time, SM MHz, W)
 
 
 def sample_forever() -> None:
-    # power.draw is a 1 s average on recent drivers; power.draw.instant (driver 530 on) follows a 20 ms window
+    # power.draw is a 1 s average on recent drivers; power.draw.instant (driver 530 on) is the latest reading
     fields = "clocks.sm,power.draw.instant"
     if subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv"], capture_output=True).returncode:
         fields = "clocks.sm,power.draw"
