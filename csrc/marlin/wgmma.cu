@@ -16,10 +16,13 @@
 //   73% of the peak with the kernel's arithmetic between the groups of 4 warpgroups, 97% at BM = 128). Feeding the
 //   dequantized weights through shared memory instead (stmatrix, then A from shared memory) reached 57% there, and
 //   the other orientation (tokens as A from shared memory, the weights dequantized into shared memory as B) was
-//   33-50% slower in the kernel (2026-11-30-wgmma-warpgroups.md). Narrower instructions hardly take less time: with
-//   8-, 16- and 32-row tiles, 70B-up took 126-141 us at M = 1..32 against 150-153 on 64-row tiles, so the
-//   instruction count (one per 64 features x 16 k, whatever BM) sets the pace at small M, and decode.cu's mma.sync
-//   is 1.3-2x faster up to 16 rows (2026-12-01-wgmma-small-tiles.md).
+//   33-50% slower in the kernel (2026-11-30-wgmma-warpgroups.md). Under sustained load the kernel holds the GPU at
+//   its 700 W cap: at M = 64 a call takes 18-29% longer than from idle, its time then set by its energy, of which the
+//   wgmmas take a third or more and the dequantization about a fifth (2026-12-05-power-cap.md, on H100s).
+//   Narrower instructions hardly take less time: with 8-, 16- and 32-row tiles, 70B-up took 126-141 us at
+//   M = 1..32 against 150-153 on 64-row tiles, so the instruction count (one per 64 features x 16 k, whatever BM)
+//   sets the pace at small M, and decode.cu's mma.sync is 1.3-2x faster up to 16 rows
+//   (2026-12-01-wgmma-small-tiles.md).
 // Weight fragments: the A fragment of warp w of a warpgroup (rows 16w..16w+15 of the 64) is laid out
 //   like mma.m16n8k16's A fragment. In the marlin layout, word j of a lane's uint4 (one 16 x 64 tile)
 //   dequantizes to the B fragments of subtiles 2j and 2j + 1, which together are exactly that A fragment
