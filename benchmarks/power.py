@@ -21,7 +21,7 @@ from jsonargparse import CLI
 
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, ".")
-from kernels import L2_MULTIPLE, SHAPES, build_litquant, build_peer, time_calls  # noqa: E402
+from kernels import L2_MULTIPLE, PEERS, SHAPES, build_litquant, build_peer, time_calls  # noqa: E402
 
 samples = []  # (time, SM MHz, W)
 
@@ -56,7 +56,7 @@ def main(shapes: str = "70B-qkv,70B-up,70B-down", m: str = "1,16,64", kernels: s
     Args:
         shapes: layer shapes of benchmarks/kernels.py, comma-separated.
         m: token counts, comma-separated.
-        kernels: litquant kernels (4-bit g128, zero points) and peers (cublas, tinygemm), comma-separated.
+        kernels: litquant kernels (4-bit g128, zero points) and peers (cublas, tinygemm, bnb-nf4), comma-separated.
         dtype: bf16 or fp16.
         idle_s: seconds of idle GPU before the first timing of a cell.
         settle_s: seconds of the cell's own calls before its second timing.
@@ -70,7 +70,7 @@ def main(shapes: str = "70B-qkv,70B-up,70B-down", m: str = "1,16,64", kernels: s
     for shape in shapes.split(","):
         k, n = SHAPES[shape]
         copies = max(2, math.ceil(L2_MULTIPLE * l2 / (k * n // 2)))
-        built = {name: [build_peer(name, k, n, torch_dtype, dev, seed) if name in ("cublas", "tinygemm")
+        built = {name: [build_peer(name, k, n, torch_dtype, dev, seed) if name in PEERS
                         else build_litquant(name, k, n, 4, 128, torch_dtype, dev, seed) for seed in range(copies)]
                  for name in kernels.split(",")}
         for rows in map(int, m.split(",")):
