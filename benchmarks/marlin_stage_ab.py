@@ -88,12 +88,13 @@ for dtype_name in dtypes:
                 fused(modules[0], op)(x, out)
                 errors.append(f"{name} {((out.float() - ref).norm() / ref.norm()).item():.1e}")
             variants = {name: [fused(mod, op) for mod in modules] for name, op in ops.items()}
-            times = alternate(dict(variants, cublas=cublas), x)
+            variants["cublas"] = cublas
+            times = alternate(variants, x)
             print(f"{dtype_name} {shape:8s} M={m:5d}  cublas {times['cublas']:7.1f} us  "
                   + "  ".join(f"{name} {times[name]:7.1f} ({times['cublas'] / times[name]:.2f}x)" for name in ops)
                   + "   new/" + ", new/".join(f"{name} {times['new'] / times[name]:.3f}" for name in ops if name != "new")
                   + f"   err {', '.join(errors)}", flush=True)
             if alone:
-                for name, fns in dict(variants, cublas=cublas).items():
+                for name, fns in variants.items():
                     print(f"    {name:>6} alone, settled: {timed_window(fns, x, idle_s=0.0, settle_s=1.0)}",
                           flush=True)
