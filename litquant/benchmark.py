@@ -178,7 +178,7 @@ def benchmark(
         compile: decode with the compiled one-token step (`litquant generate --compile`), timed after compiling.
         precision: bf16-true, 16-true or 32-true. Default: bf16-true on a GPU that has bf16 (else 16-true), 32-true
             on the CPU.
-        device: cuda or cpu. Default: cuda if available.
+        device: cuda, cuda:<index> or cpu. Default: cuda (the current GPU) if available.
         out_dir: keep the quantized checkpoints there and write benchmark.json and benchmark.md, updated after each
             row. It must be new, empty, or an earlier run's (whose files it replaces). Default: a temporary
             directory, removed at the end.

@@ -22,7 +22,7 @@ def demo(text_file: Optional[Path] = None, *, prompt: str = "What is a hacker?",
         prompt: the question to answer.
         max_new_tokens: tokens per answer.
         kernel: kernel for the quantized model: auto, or one that `litquant kernels` lists.
-        device: cuda or cpu. Default: cuda if available.
+        device: cuda, cuda:<index> or cpu. Default: cuda (the current GPU) if available.
     """
     benchmark(methods=["rtn"], kernels=[kernel], text_file=text_file, prompt=prompt, max_new_tokens=max_new_tokens,
               device=device)

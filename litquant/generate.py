@@ -236,7 +236,7 @@ def generate(
             (bitsandbytes) or rtn.int<bits>[-g<group_size>], e.g. rtn.int4-g128 (litquant's kernels).
         precision: bf16-true, 16-true or 32-true. Default: bf16-true on a GPU that has bf16 (else 16-true), 32-true
             on the CPU.
-        device: cuda or cpu. Default: cuda if available.
+        device: cuda, cuda:<index> or cpu. Default: cuda (the current GPU) if available.
         compile: compile the decode step with torch.compile (with CUDA graphs on a GPU).
         apply_prompt_style: wrap the prompt in the model's chat template.
     """
@@ -305,7 +305,7 @@ def chat(
             (bitsandbytes) or rtn.int<bits>[-g<group_size>], e.g. rtn.int4-g128 (litquant's kernels).
         precision: bf16-true, 16-true or 32-true. Default: bf16-true on a GPU that has bf16 (else 16-true), 32-true
             on the CPU.
-        device: cuda or cpu. Default: cuda if available.
+        device: cuda, cuda:<index> or cpu. Default: cuda (the current GPU) if available.
         compile: compile the decode step with torch.compile (with CUDA graphs on a GPU; the attention reads only the
             filled part of a KV cache of up to 4096 positions, or the model's block size where smaller, through
             FlexAttention).

@@ -136,14 +136,19 @@ def load_model(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: 
     A quantized checkpoint runs with `kernel` (default: the one recorded at quantize time, else auto).
     An ordinary checkpoint runs in `precision`, or quantized while loading with `quantize`
     (bitsandbytes modes, or `rtn.int4-g128` style RTN with litquant's kernels). With litquant's kernels, the
-    gate and up projections of LLaMA-style MLPs run as one matmul (`litquant.fuse`).
+    gate and up projections of LLaMA-style MLPs run as one matmul (`litquant.fuse`). A GPU `device` becomes the
+    current CUDA device, as Fabric's `launch` makes it.
     """
     start = time.perf_counter()
     plan = plan_load(checkpoint_dir, kernel=kernel, quantize=quantize, precision=precision, device=device)
     checkpoint_dir, config, device, dtype = plan.checkpoint_dir, plan.config, plan.device, PRECISIONS[plan.precision]
+    if device.type == "cuda":
+        # Triton's launches, CUDA graph captures and the generate loop's own allocations go to the current device,
+        # whatever device their tensors are on
+        torch.cuda.set_device(device)
     if plan.qconfig:
         plugin = QuantizedPrecision(plan.qconfig, kernel=plan.kernel, dtype=dtype, device=device)
-        fabric = L.Fabric(accelerator=device.type, devices=1, plugins=plugin)
+        fabric = one_device_fabric(device, plugins=plugin)
         with fabric.init_module(empty_init=True):
             model = GPT(config)
         plugin.convert_module(model)  # selects the kernel ('auto': the first that runs here) before any weight is read
@@ -154,16 +159,21 @@ def load_model(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: 
         fuse_gate_up(model)
         label, kernel = plan.qconfig.describe(), plugin.kernel_cls.name
     elif plan.quantize:
-        fabric = L.Fabric(accelerator=device.type, devices=1, precision=plan.precision)
+        fabric = one_device_fabric(device, precision=plan.precision)
         model = _load_bnb(config, checkpoint_dir, plan.quantize[4:], dtype, device)
         label, kernel = plan.quantize, None
     else:
-        fabric = L.Fabric(accelerator=device.type, devices=1, precision=plan.precision)
+        fabric = one_device_fabric(device, precision=plan.precision)
         model = _load_plain(fabric, config, checkpoint_dir)
         label, kernel = str(dtype).replace("torch.", ""), None
     model.eval()
     model = fabric.setup_module(model)
     return LoadedModel(fabric, model, plan.tokenizer, config, label, kernel, time.perf_counter() - start)
+
+
+def one_device_fabric(device: torch.device, **kwargs) -> L.Fabric:
+    """A Fabric on `device` itself: Fabric's `devices=1` alone means the first GPU, whatever index `device` has."""
+    return L.Fabric(accelerator=device.type, devices=[device.index] if device.type == "cuda" else 1, **kwargs)
 
 
 def _load_bnb(config: Config, checkpoint_dir: Path, mode: str, dtype: torch.dtype, device: torch.device) -> GPT:

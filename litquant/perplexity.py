@@ -101,7 +101,7 @@ def perplexity(
             (bitsandbytes) or rtn.int<bits>[-g<group_size>], e.g. rtn.int4-g128 (litquant's kernels).
         precision: bf16-true, 16-true or 32-true. Default: bf16-true on a GPU that has bf16 (else 16-true), 32-true
             on the CPU.
-        device: cuda or cpu. Default: cuda if available.
+        device: cuda, cuda:<index> or cpu. Default: cuda (the current GPU) if available.
     """
     from litquant.load import checkpoint_config, load_model
 

@@ -472,6 +472,51 @@ def test_generate_on_gpu_eager_compiled_and_across_kernels(tmp_path, kernel, pre
     assert (logits - reference).norm() / reference.norm() < 2e-2
 
 
+def test_a_gpu_device_keeps_its_index_to_the_fabric(monkeypatch):
+    """`--device cuda:1` must reach Fabric as that GPU: its `devices=1` alone is the first GPU. Plain `cuda` is the
+    current GPU, by its index. (Lightning is told of two GPUs; nothing runs on them.)"""
+    import lightning.fabric.accelerators.cuda as lightning_cuda
+
+    from litquant.kernels import resolve_device
+    from litquant.load import one_device_fabric
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(lightning_cuda, "num_cuda_devices", lambda: 2)
+    assert resolve_device("cuda") == resolve_device(None) == resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    assert one_device_fabric(torch.device("cuda", 1), precision="16-true").device == torch.device("cuda", 1)
+    assert one_device_fabric(torch.device("cpu"), precision="32-true").device == torch.device("cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+@pytest.mark.parametrize("kernel,precision", [("torch", "32-true"), ("triton", "32-true"), ("marlin", "16-true")])
+def test_gpu_a_second_gpu_runs_the_model_there(tmp_path, kernel, precision):
+    """`--device cuda:1` quantizes, loads and generates on the second GPU, with the first GPU's tokens; and its
+    layers still run there when the first GPU is the current device (Triton launches on the current one)."""
+    from conftest import make_tiny_checkpoint
+
+    second = torch.device("cuda", 1)
+    checkpoint = make_tiny_checkpoint(tmp_path / "ck", "llama_gpu")
+    try:
+        out = quantize(checkpoint, tmp_path / "q", method="rtn", bits=4, group_size=64, kernel=kernel, device="cuda:1")
+        options = dict(prompt="hello", max_new_tokens=12, precision=precision, apply_prompt_style=False)
+        assert generate(out, device="cuda:1", **options) == generate(out, device="cuda:0", **options)
+        loaded = load_model(out, device="cuda:1", precision=precision)
+        assert torch.cuda.current_device() == 1 and loaded.fabric.device == second
+        assert {t.device for t in [*loaded.model.parameters(), *loaded.model.buffers()]} == {second}
+        reference = load_model(out, device="cuda:1", precision=precision, kernel="torch").model
+        torch.cuda.set_device(0)
+        idx = torch.randint(0, 96, (2, 32), device=second)
+        with torch.no_grad():
+            logits, expected = loaded.model(idx).float(), reference(idx).float()
+        assert logits.device == second and (logits - expected).norm() / expected.norm() < 2e-2
+    finally:
+        torch.cuda.set_device(0)
+
+
 @pytest.mark.parametrize("method,extra", [("gptq", {"desc_act": True}), ("gptq", {"checkpoint_format": "gptq_v2"}),
                                           ("awq", {"version": "gemm"}), ("awq", {"version": "gemv"})])
 def test_calibrated_recipes_end_to_end(tiny_llama_checkpoint, tmp_path, method, extra):

@@ -31,8 +31,9 @@ class KernelNotSupported(ValueError):
 
 
 def resolve_device(device: Optional[str]) -> torch.device:
-    """`device`, or by default cuda where torch sees a GPU and cpu otherwise; a clear error for a device that this
-    machine does not have (torch's own would come from deep inside the first copy to it)."""
+    """`device`, or by default cuda where torch sees a GPU and cpu otherwise, a GPU always with its index (plain
+    cuda: the current one); a clear error for a device that this machine does not have (torch's own would come from
+    deep inside the first copy to it)."""
     try:
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError as e:
@@ -43,6 +44,8 @@ def resolve_device(device: Optional[str]) -> torch.device:
         raise ValueError(f"device {device!r}: torch sees no CUDA GPU here (torch {torch.__version__}); use cpu")
     if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
         raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 
@@ -131,7 +134,7 @@ def kernels(device: Optional[str] = None, dtype: Optional[str] = None, build: bo
     """List the kernels, which of them run on this machine, and why the others do not.
 
     Args:
-        device: cuda or cpu. Default: cuda if available.
+        device: cuda, cuda:<index> or cpu. Default: cuda (the current GPU) if available.
         dtype: activation dtype to check: float16, bfloat16 or float32. Default: what `generate` runs in there:
             bfloat16 on a GPU that has it (else float16), float32 on the CPU.
         build: compile the CUDA kernels now instead of on first use.

@@ -50,6 +50,7 @@ Paths, picked per (device, dtype, N, K, M bucket) by timing the candidates once 
     cuBLAS cannot pass ~0.5x of cuBLAS at M = 256: large M needs the fused path, one dot a chunk
     (`mma_kernel`).
 """
+import contextlib
 import logging
 import os
 import statistics
@@ -452,9 +453,11 @@ def quant_matmul(x: torch.Tensor, weight: PackedWeight, bias: Optional[torch.Ten
     if m == 0:
         return out
     tensors = (x, weight.qweight, weight.scale_zero, weight.perm, bias, weight.locks)
-    if config is None:
-        config = choose_config(*tensors, weight.bits, weight.group_size, out)
-    launch(config, *tensors, weight.bits, weight.group_size, out)
+    # Triton launches on the current CUDA device, not on its arguments' (and so does the tuner's graph capture)
+    with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():
+        if config is None:
+            config = choose_config(*tensors, weight.bits, weight.group_size, out)
+        launch(config, *tensors, weight.bits, weight.group_size, out)
     return out
 
 

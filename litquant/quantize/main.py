@@ -97,7 +97,7 @@ def quantize(
         num_samples: calibration sequences.
         seq_len: tokens per calibration sequence. Default: 2048 for gptq, 512 for awq.
         batch_size: calibration sequences per forward pass (also when the model writes its own calibration text).
-        device: where blocks are quantized. Default: cuda if available, else cpu.
+        device: where blocks are quantized: cuda, cuda:<index> or cpu. Default: cuda if available, else cpu.
         offload: keep calibration activations on the CPU between blocks (for very large models).
         seed: seed for shuffling and self-generated calibration.
         ignore_modules: Linears left unquantized (prefix match on the LitGPT module name).
