@@ -19,7 +19,7 @@ from litquant.checkpoint import (CheckpointError, materialize_rope, check_materi
                                  load_quantized_checkpoint, load_with_rtn, open_weights)
 from litquant.config import QuantizeConfig, is_quantized_checkpoint
 from litquant.fuse import fuse_gate_up
-from litquant.kernels import default_dtype, resolve_device, select_kernel
+from litquant.kernels import KernelNotSupported, default_dtype, resolve_device, select_kernel
 from litquant.precision import QuantizedPrecision, layer_specs, quantizable_linears
 
 BNB_MODES = ("bnb.nf4", "bnb.nf4-dq", "bnb.fp4", "bnb.fp4-dq")
@@ -118,11 +118,17 @@ def plan_load(checkpoint_dir: Path, *, kernel: Optional[str] = None, quantize: O
     elif quantize and quantize not in BNB_MODES:
         parse_rtn(quantize)  # raises the error that lists the valid choices
     if qconfig:
-        kernel = kernel or qconfig.kernel
+        recorded, kernel = not kernel, kernel or qconfig.kernel
         if kernel != "auto":  # auto falls back to torch; it is picked (and built) at load
             with torch.device("meta"):
                 specs = layer_specs(GPT(config), qconfig)
-            select_kernel(kernel, specs, device, PRECISIONS[precision])
+            try:
+                select_kernel(kernel, specs, device, PRECISIONS[precision])
+            except KernelNotSupported as e:
+                if not recorded:
+                    raise
+                raise KernelNotSupported(f"{e}. {kernel!r} is the kernel that the checkpoint's quantize_config.json "
+                                         "names; --kernel picks another (auto: the first that runs here)") from None
     if quantized:
         open_weights(checkpoint_dir, torch.device("cpu"))  # the header: a truncated file fails here
     tokenizer = load_tokenizer(checkpoint_dir)

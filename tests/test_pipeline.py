@@ -212,9 +212,12 @@ def test_settings_that_cannot_work_are_refused_before_any_model_loads(tmp_path):
         (lambda: generate(missing, max_new_tokens=0), "max_new_tokens must be at least 1"),
         (lambda: generate(missing, num_samples=0), "num_samples must be at least 1"),
         (lambda: chat(missing, top_k=0), "top_k must be at least 1"),
+        (lambda: quantize(missing, method="awq", calibration_file=tmp_path), "calibration directory .* has no"),
     ]:
         with pytest.raises(ValueError, match=message):
             call()
+    with pytest.raises(FileNotFoundError, match="calibration file .*nowhere.txt does not exist"):
+        quantize(missing, method="gptq", calibration_file=tmp_path / "nowhere.txt")
 
 
 def test_chat_ends_quietly_at_the_end_of_its_input(tiny_llama_checkpoint, monkeypatch, capsys):
@@ -284,6 +287,12 @@ def test_unsupported_kernel_fails_before_loading_weights(quantized, monkeypatch)
     with pytest.raises(KernelNotSupported, match=r"kernel 'eightbit' cannot run this checkpoint on cpu in float32: "
                                                  r"transformer.h.0.attn.qkv: supports 8-bit, not 4-bit. Kernels that can run it here: .*torch"):
         load_model(quantized, device="cpu", kernel="eightbit")
+    config = json.loads((quantized / "quantize_config.json").read_text())
+    config["litquant"]["kernel"] = "eightbit"  # as `quantize --kernel eightbit` records it
+    (quantized / "quantize_config.json").write_text(json.dumps(config))
+    with pytest.raises(KernelNotSupported, match=r"Kernels that can run it here: .*torch\. 'eightbit' is the kernel "
+                                                 r"that the checkpoint's quantize_config.json names; --kernel picks"):
+        load_model(quantized, device="cpu")
     with pytest.raises(KernelNotSupported, match="unknown kernel 'nope'"):
         load_model(quantized, device="cpu", kernel="nope")
 

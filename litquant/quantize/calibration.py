@@ -86,6 +86,16 @@ def windows(stream: torch.Tensor, num_samples: int, seq_len: int, seed: int, sou
 
 def read_documents(path: Path) -> List[str]:
     """The documents of a calibration file, or of every .txt/.jsonl/.json file of a directory (sorted by name)."""
+    documents = [doc for file in calibration_files(path) for doc in _file_documents(file) if doc.strip()]
+    if not documents:
+        raise ValueError(f"calibration file {path} is empty: it has no text to calibrate on")
+    return documents
+
+
+def calibration_files(path: Path) -> List[Path]:
+    """The files that `read_documents` reads for `path`, or the error that says why there are none; cheap, so
+    `quantize` calls it before any work."""
+    path = Path(path)
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix in TEXT_SUFFIXES)
         if not files:
@@ -96,10 +106,7 @@ def read_documents(path: Path) -> List[str]:
         files = [path]
     else:
         raise FileNotFoundError(f"calibration file {path} does not exist")
-    documents = [doc for file in files for doc in _file_documents(file) if doc.strip()]
-    if not documents:
-        raise ValueError(f"calibration file {path} is empty: it has no text to calibrate on")
-    return documents
+    return files
 
 
 def _file_documents(file: Path) -> List[str]:

@@ -16,7 +16,7 @@ from litquant.kernels import check_kernel_settings, default_dtype, resolve_devic
 from litquant.load import checkpoint_config, load_tokenizer
 from litquant.precision import is_ignored, layer_specs
 from litquant.quantize import awq, gptq, rtn
-from litquant.quantize.calibration import calibration_tokens
+from litquant.quantize.calibration import calibration_files, calibration_tokens
 
 log = logging.getLogger("litquant.quantize")
 RECIPES = {"gptq": gptq, "awq": awq}  # the calibrated methods (RTN needs no model run)
@@ -110,6 +110,8 @@ def quantize(
     if method != "rtn" and (num_samples < 1 or seq_len < 2 or batch_size < 1):
         raise ValueError(f"need num_samples >= 1, seq_len >= 2 and batch_size >= 1, got num_samples={num_samples}, "
                          f"seq_len={seq_len}, batch_size={batch_size}")
+    if method != "rtn" and calibration_file is not None:
+        calibration_files(calibration_file)  # a missing file fails here, not after the model has loaded
     config = QuantizeConfig.for_method(method, bits=bits, group_size=group_size, sym=sym, desc_act=desc_act,
                                        static_groups=static_groups, true_sequential=true_sequential,
                                        damp_percent=damp_percent, checkpoint_format=checkpoint_format, version=version,
