@@ -13,7 +13,6 @@ import torch
 import yaml
 from litgpt.config import Config
 from litgpt.model import GPT
-from litgpt.tokenizer import Tokenizer
 
 from litquant.checkpoint import (CheckpointError, materialize_rope, check_materialized, load_litgpt_state,
                                  load_quantized_checkpoint, load_with_rtn, open_weights)
@@ -21,6 +20,7 @@ from litquant.config import QuantizeConfig, is_quantized_checkpoint
 from litquant.fuse import fuse_gate_up
 from litquant.kernels import KernelNotSupported, default_dtype, resolve_device, select_kernel
 from litquant.precision import QuantizedPrecision, layer_specs, quantizable_linears
+from litquant.tokenizer import Tokenizer
 
 BNB_MODES = ("bnb.nf4", "bnb.nf4-dq", "bnb.fp4", "bnb.fp4-dq")
 RTN_PATTERN = re.compile(r"^rtn\.int([2348])(?:-g(-1|\d+))?$")
@@ -56,8 +56,9 @@ def checkpoint_config(checkpoint_dir: Path) -> Config:
 
 
 def load_tokenizer(checkpoint_dir: Path) -> Tokenizer:
-    """litgpt's Tokenizer of a checkpoint, or an error that names the file it could not read (the tokenizers library
-    raises a bare Exception without one, and a corrupt tokenizer_config.json a JSONDecodeError)."""
+    """litgpt's Tokenizer of a checkpoint (litquant's subclass, which streams whole characters), or an error that
+    names the file it could not read (the tokenizers library raises a bare Exception without one, and a corrupt
+    tokenizer_config.json a JSONDecodeError)."""
     try:
         return Tokenizer(checkpoint_dir)
     except Exception as e:

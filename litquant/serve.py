@@ -4,6 +4,7 @@ litgpt's server classes (`litgpt.deploy.serve`) load their model with `LLM.load(
 only full-precision checkpoints and quantizes only with bitsandbytes. The classes here are litgpt's own (request
 decoding, sampling, streaming and the OpenAI spec stay litgpt's code) with one method swapped: `setup` loads the
 model with litquant's loader, so a quantized checkpoint runs on its kernel, and `--quantize` also takes RTN on load.
+Streamed text comes in whole characters (`WholeCharacterLLM`).
 The server runs one model on one device, and generates with litgpt's `LLM.generate`: eagerly, or with `--compile`
 through the compiled decode step of `litquant chat --compile` (`serving_llm`).
 """
@@ -40,9 +41,20 @@ def serving_llm(loaded: LoadedModel, checkpoint_dir: Path, compile: bool = False
         cache = dict(kv_cache_initialized=True, fixed_kv_cache_size=loaded.model.max_seq_length)
     else:
         set_next_token(loaded.model, compile=False)
-    return LLM(loaded.model, Preprocessor(loaded.tokenizer, device=loaded.fabric.device),
-               checkpoint_prompt_style(checkpoint_dir, loaded.config), config=loaded.config,
-               checkpoint_dir=checkpoint_dir, fabric=loaded.fabric, **cache)
+    return WholeCharacterLLM(loaded.model, Preprocessor(loaded.tokenizer, device=loaded.fabric.device),
+                             checkpoint_prompt_style(checkpoint_dir, loaded.config), config=loaded.config,
+                             checkpoint_dir=checkpoint_dir, fabric=loaded.fabric, **cache)
+
+
+class WholeCharacterLLM(LLM):
+    """litgpt's `LLM`, streaming its text in whole characters (`litquant.tokenizer`), where litgpt's decodes each
+    token alone (a character split over tokens then streams as U+FFFD, for the streamed and the OpenAI APIs)."""
+
+    def generate(self, *args, stream: bool = False, return_as_token_ids: bool = False, **kwargs):
+        if not stream or return_as_token_ids:
+            return super().generate(*args, stream=stream, return_as_token_ids=return_as_token_ids, **kwargs)
+        tokens = super().generate(*args, stream=True, return_as_token_ids=True, **kwargs)
+        return (piece for piece in self.preprocessor.tokenizer.decode_stream(tokens) if piece)
 
 
 class LitquantLoading(BaseLitAPI):
