@@ -4,14 +4,15 @@ litgpt's server classes (`litgpt.deploy.serve`) load their model with `LLM.load(
 only full-precision checkpoints and quantizes only with bitsandbytes. The classes here are litgpt's own (request
 decoding, sampling, streaming and the OpenAI spec stay litgpt's code) with one method swapped: `setup` loads the
 model with litquant's loader, so a quantized checkpoint runs on its kernel, and `--quantize` also takes RTN on load.
-Streamed text comes in whole characters (`WholeCharacterLLM`).
+Streamed text comes in whole characters (`WholeCharacterLLM`), and the OpenAI endpoint reads a request's sampling
+settings as OpenAI's clients mean them (`OpenAIAPI.predict`).
 The server runs one model on one device, and generates with litgpt's `LLM.generate`: eagerly, or with `--compile`
 through the compiled decode step of `litquant chat --compile` (`serving_llm`).
 """
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 from litgpt.api import LLM, Preprocessor
 from litgpt.constants import _LITSERVE_AVAILABLE
@@ -21,7 +22,8 @@ from litquant.generate import check_sampling, checkpoint_prompt_style, set_next_
 from litquant.load import LoadedModel, load_model, plan_load
 
 if _LITSERVE_AVAILABLE:
-    from pydantic import BaseModel  # LitServe's dependency, through FastAPI
+    from fastapi import HTTPException  # LitServe's dependencies
+    from pydantic import BaseModel
 else:  # as litgpt.deploy.serve does: the module imports, and `serve` says what is missing
     BaseModel = object
 
@@ -104,6 +106,21 @@ class StreamAPI(PromptDecoding, StreamLitAPI, LitquantLoading):
 
 class OpenAIAPI(OpenAISpecLitAPI, LitquantLoading):
     """OpenAI-compatible `/v1/chat/completions`."""
+
+    def predict(self, inputs: str, context: dict) -> Iterator[str]:
+        """litgpt's, except that a request's `temperature: 0` is greedy (litgpt's takes 0 for unset and samples at the
+        server's temperature), `max_tokens` (the older name of `max_completion_tokens`) counts too, and sampling
+        settings that cannot sample are the client's error (HTTP 400), not the server's."""
+        temperature, top_p = context.get("temperature"), context.get("top_p")
+        temperature = self.temperature if temperature is None else temperature
+        top_p = self.top_p if top_p is None else top_p
+        max_new_tokens = context.get("max_completion_tokens") or context.get("max_tokens") or self.max_new_tokens
+        try:
+            check_sampling(max_new_tokens, temperature, self.top_k, top_p)
+        except ValueError as e:
+            raise HTTPException(status_code=400, detail=str(e)) from None
+        yield from self.llm.generate(inputs, temperature=temperature, top_k=self.top_k, top_p=top_p,
+                                     max_new_tokens=max_new_tokens, stream=True)
 
 
 def serve(

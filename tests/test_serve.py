@@ -36,7 +36,7 @@ def started(monkeypatch, checkpoint_dir: Path, **options):
     """The server `serve` builds, started in this process as LitServe's own tests do (no port is opened)."""
     servers = []
     monkeypatch.setattr(litserve.LitServer, "run", lambda server, **_: servers.append(server))
-    serve(checkpoint_dir, top_k=1, max_new_tokens=NEW_TOKENS, **{"accelerator": "cpu", **options})
+    serve(checkpoint_dir, **{"top_k": 1, "max_new_tokens": NEW_TOKENS, "accelerator": "cpu", **options})
     return wrap_litserve_start(servers[0])
 
 
@@ -75,6 +75,26 @@ def test_openai_chat_completions(quantized, monkeypatch):
     assert response.status_code == 200
     answer = response.json()["choices"][0]["message"]
     assert (answer["role"], answer["content"]) == ("assistant", expected) and expected.strip()
+
+
+def test_openai_requests_sampling_settings(quantized, monkeypatch):
+    """A request's `temperature: 0` is greedy on a server that samples (litgpt's took 0 for unset), `max_tokens`
+    bounds the answer as `max_completion_tokens` does, and settings that cannot sample are the client's error."""
+    prompt = "user: hello\nAssistant: "
+    greedy = {n: generate(quantized, prompt=prompt, max_new_tokens=n, device="cpu", temperature=0.0)
+              for n in (3, NEW_TOKENS)}
+    assert greedy[3] != greedy[NEW_TOKENS]
+    messages = [{"role": "user", "content": "hello"}]
+    with (started(monkeypatch, quantized, openai_spec=True, top_k=None, temperature=1.0) as server,
+          TestClient(server.app) as client):
+        def answer(**settings):
+            response = client.post("/v1/chat/completions", json={"model": "tiny", "messages": messages, **settings})
+            return response.status_code, response.json()
+        for settings, n in [({}, NEW_TOKENS), ({"max_tokens": 3}, 3), ({"max_completion_tokens": 3}, 3)]:
+            status, body = answer(temperature=0, **settings)
+            assert (status, body["choices"][0]["message"]["content"]) == (200, greedy[n])
+        status, body = answer(temperature=0, top_p=0)
+        assert status == 400 and "top_p must be in (0, 1], not 0" in json.dumps(body)
 
 
 def test_serve_refuses_a_directory_that_is_not_a_checkpoint(tmp_path):
