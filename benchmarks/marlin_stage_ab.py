@@ -1,12 +1,14 @@
 """A/B of builds of the marlin kernel in one process: this tree's (`new`, `litquant_marlin`) against other source
 folders' (`old0`, `old1`, ...: each built under the op namespace `litquant_marlin_old<i>`), with cuBLAS alongside:
 
-    python3 benchmarks/marlin_stage_ab.py <old csrc/marlin folder>[,<another>...] [shapes] [ms] [dtypes]
+    python3 benchmarks/marlin_stage_ab.py <old litquant/csrc/marlin folder>[,<another>...] [shapes] [ms] [dtypes]
 
 A shape is a name from `kernels.SHAPES` or K x N written as `4096x4096`.
 
-An old folder is a copy of csrc/marlin at another commit, inside the tree so that it travels to the GPU machine:
-    mkdir -p ab/old && for f in $(git ls-tree --name-only REV csrc/marlin/); do git show REV:$f > ab/old/${f##*/}; done
+An old folder is a copy of litquant/csrc/marlin at another commit, inside the tree so that it travels to the GPU
+machine (before session 75 the folder was csrc/marlin):
+    mkdir -p ab/old && for f in $(git ls-tree --name-only REV litquant/csrc/marlin/); do
+      git show REV:$f > ab/old/${f##*/}; done
 
 Each cell is checked first: every build's output (NaN-poisoned) against the dequantized weight times x in fp32.
 Then all are timed with `kernels.alternate` (all graphs replayed in turn, at one clock; medians in us a call).

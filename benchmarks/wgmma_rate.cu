@@ -7,7 +7,7 @@
 //                the warpgroup's barrier), then wgmma_ss: what a kernel pays to feed dequantized weights as
 //                a shared-memory operand;
 //   dequantized  wgmma_rs from fragments dequantized each half from 4-bit words in shared memory, with the
-//                kernel's own arithmetic (common.cuh: bf16, zero points), as csrc/marlin/wgmma.cu does; one
+//                kernel's own arithmetic (common.cuh: bf16, zero points), as litquant/csrc/marlin/wgmma.cu does; one
 //                group in flight while the next half is dequantized (two register sets), or two (three sets);
 //   shared+alu   wgmma_ss from the fixed tile while the same warps do that dequantization beside it (results
 //                folded into one register): whether the arithmetic overlaps the tensor work;
@@ -21,7 +21,8 @@
 // against `registers` (same fragments, so the same sums).
 //
 // Build and run on a Hopper GPU, from the repository root:
-//   nvcc -std=c++17 -O3 -arch=sm_90a -I csrc/marlin benchmarks/wgmma_rate.cu -o /tmp/wgmma_rate && /tmp/wgmma_rate
+//   nvcc -std=c++17 -O3 -arch=sm_90a -I litquant/csrc/marlin benchmarks/wgmma_rate.cu -o /tmp/wgmma_rate
+//   /tmp/wgmma_rate
 #include <cuda_runtime.h>
 
 #include <cmath>

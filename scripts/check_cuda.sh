@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compile-check every csrc/*/*.cu for sm_80 and sm_90a (what build.py targets on Hopper) with nvcc
+# Compile-check every litquant/csrc/*/*.cu for sm_80 and sm_90a (what build.py targets on Hopper) with nvcc
 # (no GPU needed), using the flags torch's extension builder adds, and the CUDA benchmarks (benchmarks/*.cu, Hopper
 # programs) for sm_90a. Fails on the first compiler error.
 # VERBOSE=1 prints ptxas's register / spill report.
@@ -13,8 +13,8 @@ FLAGS=(-std=c++17 -O3 --expt-relaxed-constexpr -D__CUDA_NO_HALF_OPERATORS__ -D__
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 shopt -s nullglob
-sources=(csrc/*/*.cu)
-[ ${#sources[@]} -gt 0 ] || { echo "check_cuda.sh: no csrc/*/*.cu" >&2; exit 1; }
+sources=(litquant/csrc/*/*.cu)
+[ ${#sources[@]} -gt 0 ] || { echo "check_cuda.sh: no litquant/csrc/*/*.cu" >&2; exit 1; }
 pids=()
 compile() {  # compile <source> <arch> [nvcc options]
   local src=$1 arch=$2 obj="$out/$(basename "$(dirname "$1")")_$(basename "$1" .cu)_sm$2.o"
@@ -24,7 +24,7 @@ compile() {  # compile <source> <arch> [nvcc options]
   pids+=($!)
 }
 for src in "${sources[@]}"; do compile "$src" 80; compile "$src" 90a; done
-for src in benchmarks/*.cu; do compile "$src" 90a -I csrc/marlin; done
+for src in benchmarks/*.cu; do compile "$src" 90a -I litquant/csrc/marlin; done
 status=0
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 [ $status = 0 ] && echo "check_cuda.sh: all sources compile (kernels for sm_80 and sm_90a, benchmarks for sm_90a)"

@@ -39,15 +39,16 @@ def test_own_times_split_the_busy_time_between_overlapping_kernels(monkeypatch):
 
 
 def test_profile_counts_every_litquant_kernel_as_a_quantized_matmul(monkeypatch):
-    """e2e_decode's profile finds the quantized matmuls by kernel name: every CUDA kernel in csrc/ and every Triton
+    """e2e_decode's profile finds the quantized matmuls by kernel name: every CUDA kernel in litquant/csrc/ and every Triton
     program that the triton kernel launches must land there (a renamed kernel once fell out to "other")."""
     monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "benchmarks"))
     from e2e_decode import category
 
     from litquant.kernels import triton_programs, triton_wgmma
 
-    csrc = Path(__file__).parent.parent / "csrc"
-    cuda_kernels = {name for source in csrc.glob("*/*.cu")
+    from litquant.kernels.build import CSRC
+
+    cuda_kernels = {name for source in CSRC.glob("*/*.cu")
                     for name in re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)",
                                            source.read_text())}
     triton_kernels = {program.fn.__name__ for program in (triton_programs.gemv_kernel, triton_programs.mma_kernel,

@@ -1,4 +1,10 @@
-"""The CUDA build helper: its cache key, and its errors where nothing can be compiled (CPU only)."""
+"""The CUDA build helper: its cache key, its errors where nothing can be compiled, and the sources that a wheel
+carries (CPU only)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,3 +102,34 @@ def test_marlin_reports_itself_unavailable_without_a_compiler(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert "torch (any device), triton (a GPU)" in MarlinQuantLinear.unavailable()
+
+
+def test_an_installed_wheel_carries_every_cuda_source(tmp_path):
+    """The kernels compile on the user's machine, so a wheel (`pip install .`, or one from an index) must hold their
+    sources, and `build` must find them inside the installed package. Builds a wheel from this tree and installs it
+    into a folder of its own."""
+    pytest.importorskip("setuptools")
+    repo = Path(__file__).resolve().parents[1]
+    source = tmp_path / "source"
+    shutil.copytree(repo / "litquant", source / "litquant", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(repo / name, source / name)
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(source)],
+                   check=True, cwd=tmp_path)
+    site = tmp_path / "site"
+    subprocess.run(pip + ["install", "--no-deps", "--no-compile", "--target", str(site),
+                          *map(str, (tmp_path / "dist").glob("litquant-*.whl"))], check=True, cwd=tmp_path)
+
+    installed = site / "litquant" / "csrc"
+    for kernel in build.cuda_kernels():
+        expected = [f.name for f in build.source_files(kernel)]
+        assert sorted(f.name for f in (installed / kernel).iterdir()) == expected
+    report = subprocess.run(
+        [sys.executable, "-c", "import json; from litquant.kernels import build; "
+                               "print(build.CSRC); print(json.dumps([str(f) for f in build.source_files('marlin')]))"],
+        check=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True)
+    found_in, files = report.stdout.splitlines()
+    assert Path(found_in) == installed
+    files = [Path(f) for f in json.loads(files)]
+    assert {f.parent for f in files} == {installed / "marlin"} and installed / "marlin" / "marlin.cu" in files

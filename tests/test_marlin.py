@@ -456,7 +456,7 @@ def test_gpu_dequant_is_bit_exact(dtype, bits):
 @pytest.mark.gpu
 def test_gpu_bad_calls_raise_and_say_why():
     """Bad arguments to the ops raise a RuntimeError that names the problem, numbers included, and the process goes
-    on (the binding builds its messages without iostreams: csrc/marlin/binding.cpp)."""
+    on (the binding builds its messages without iostreams: litquant/csrc/marlin/binding.cpp)."""
     qw = random_quantized_weight(1024, 768, 128, sym=False, act_order=False, device="cuda")
     module = marlin_module(qw, torch.bfloat16)
     ops = torch.ops.litquant_marlin

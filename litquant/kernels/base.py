@@ -17,8 +17,8 @@ from litquant.formats import QuantizedWeight
 
 def dependent_launches_allowed() -> bool:
     """Whether kernels may be launched as programmatic dependents of the kernel ahead (sm_90 on): unless
-    LITQUANT_PDL=0. marlin's launches read the same variable (csrc/marlin/marlin.cu), and so do Inductor's kernels in
-    the compiled decode (`litquant.generate.compile_options`)."""
+    LITQUANT_PDL=0. marlin's launches read the same variable (litquant/csrc/marlin/marlin.cu), and so do Inductor's
+    kernels in the compiled decode (`litquant.generate.compile_options`)."""
     return os.environ.get("LITQUANT_PDL") != "0"
 
 
@@ -53,7 +53,8 @@ class QuantLinear(nn.Module):
     compiles: ClassVar[bool] = True  # runs inside torch.compile / CUDA graphs
     # Set on a model's layers by litquant's compiled decode (`litquant.generate.set_next_token`): the kernel
     # ahead of each call is one of Inductor's small fused kernels or attention, never another quantized matmul, so a
-    # kernel may launch accordingly (marlin: every decode grid as a programmatic dependent, csrc/marlin/decode.cu).
+    # kernel may launch accordingly (marlin: every decode grid as a programmatic dependent,
+    # litquant/csrc/marlin/decode.cu).
     after_small_kernels: bool = False
     description: ClassVar[str] = ""
     # How two layers of this kernel on the same input become one (`concat`): for each buffer, the dim along

@@ -1,7 +1,8 @@
 """Build litquant's CUDA kernels on first use, and cache the result.
 
-Each kernel with CUDA code has a folder `csrc/<name>/`: device code in `*.cu` (plain launch functions,
+Each kernel with CUDA code has a folder `litquant/csrc/<name>/`: device code in `*.cu` (plain launch functions,
 no torch headers) and a thin torch binding in `*.cpp` that registers the ops `torch.ops.litquant_<name>`.
+The folders are package data, so an installed wheel builds its kernels as a source checkout does.
 `load(name)` compiles the folder with `torch.utils.cpp_extension.load` (ninja + nvcc) for the GPU at
 hand and loads it. Builds are cached in `$LITQUANT_CACHE/build` (default `~/.cache/litquant/build`),
 one directory per `<name>-<hash of the sources>-sm<compute capability>`: editing a source or changing
@@ -10,7 +11,7 @@ time (`litquant kernels --build`).
 
 `LITQUANT_CUDA_ARCH=8.0` (any compute capability from 8.0 up to the GPU's) builds the kernels of that older GPU
 instead, as PTX that the driver compiles for the GPU at hand when it loads them, and the kernels then take that
-GPU's paths (csrc/marlin/marlin.cu `current_device`): on a Hopper this runs the Ampere code, which is how
+GPU's paths (litquant/csrc/marlin/marlin.cu `current_device`): on a Hopper this runs the Ampere code, which is how
 scripts/gpu.sh tests it where no A100 is lent. It is slower to load (the driver's compile) and is a test of the
 code, not of the older GPU: the SASS comes from this GPU's compiler, the SM count and L2 are this GPU's.
 """
@@ -24,7 +25,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-CSRC = Path(__file__).resolve().parents[2] / "csrc"
+CSRC = Path(__file__).resolve().parents[1] / "csrc"
 SOURCE_SUFFIXES = (".cu", ".cpp", ".cuh", ".h")
 NO_COMPILER_KERNELS = {"torch": "any device", "triton": "a GPU"}  # name -> what it runs on
 
@@ -34,7 +35,7 @@ class BuildError(RuntimeError):
 
 
 def cuda_kernels() -> List[str]:
-    """Names of the kernels that have CUDA sources (the folders of `csrc/`)."""
+    """Names of the kernels that have CUDA sources (the folders of `litquant/csrc/`)."""
     return sorted(d.name for d in CSRC.iterdir() if d.is_dir()) if CSRC.is_dir() else []
 
 

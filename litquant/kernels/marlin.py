@@ -1,4 +1,4 @@
-"""The `marlin` kernel: a Marlin-class fused 4-bit GEMM on the tensor cores (csrc/marlin/marlin.cu), and 8-bit
+"""The `marlin` kernel: a Marlin-class fused 4-bit GEMM on the tensor cores (litquant/csrc/marlin/marlin.cu), and 8-bit
 weights through the same kernels as two 4-bit planes (`nibble_planes`).
 
 At load, the weight is repacked (vectorized torch, on the target device) into the kernel's layout:
@@ -8,11 +8,11 @@ scales and zero points permuted to match. act_order is handled by sorting the ro
 load and gathering the activation columns in the same order on each call.
 
 Decode (M <= 16, and <= 32 on layers twice as wide as deep or as deep as wide; K a multiple of 128) streams
-the weights straight into registers (csrc/marlin/decode.cu) and multiplies them on mma.sync with the tokens as
-the 8-wide operand, the codes unscaled (biased up to 8 rows, centered on their zero point above), each group's
-scale (and zero point) applied to the fp32 sums. Larger M
-takes mma.sync with a shared-memory pipeline (csrc/marlin/marlin.cu, any GPU from sm_80) or, on Hopper, wgmma
-(csrc/marlin/wgmma.cu); the op picks one per call. For many rows (M >= `dense_from_m`, by GPU) the weight is
+the weights straight into registers (litquant/csrc/marlin/decode.cu) and multiplies them on mma.sync with the tokens
+as the 8-wide operand, the codes unscaled (biased up to 8 rows, centered on their zero point above), each group's
+scale (and zero point) applied to the fp32 sums. Larger M takes mma.sync with a shared-memory pipeline
+(litquant/csrc/marlin/marlin.cu, any GPU from sm_80) or, on Hopper, wgmma (litquant/csrc/marlin/wgmma.cu); the op
+picks one per call. For many rows (M >= `dense_from_m`, by GPU) the weight is
 dequantized once per call and multiplied by cuBLAS, when that is the faster way.
 """
 from typing import ClassVar, Optional, Tuple
@@ -109,7 +109,7 @@ def without_zero_scales(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.
                         dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
     """The same weight (codes uint8 [K, N], rows in group order; scales [G, N]; zeros uint8 [G, N]) with no
     scale that is 0 in `dtype`: such a group (all its weights 0) gets scale 1 and every code equal to its zero
-    point. The decode kernel keeps its sums in units of the current group's scale (csrc/marlin/decode.cu) and
+    point. The decode kernel keeps its sums in units of the current group's scale (litquant/csrc/marlin/decode.cu) and
     divides by it. Scales below 2**-100 in magnitude count as 0 (their weights, under 2**-96, would overflow
     that division)."""
     dead = scales.to(dtype).float().abs() < 2.0**-100  # (in fp32: 2**-100 is 0 in fp16)
@@ -248,7 +248,8 @@ class MarlinQuantLinear(QuantLinear):
         if codes.is_cuda:
             load_ops(codes.device)
             # On Hopper the kernels start streaming the weight words before the kernel ahead of them in the
-            # stream has ended (programmatic dependent launch, csrc/marlin/common.cuh): the repack must be done.
+            # stream has ended (programmatic dependent launch, litquant/csrc/marlin/common.cuh): the repack must be
+            # done.
             torch.cuda.synchronize(codes.device)
 
     def concat(self, other: QuantLinear) -> Optional[QuantLinear]:
