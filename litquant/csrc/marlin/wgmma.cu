@@ -32,21 +32,22 @@
 //   are 4-way bank conflicted (a warp's 32 words lie in the banks = w mod 4); lanes reading word (lane / 8 + w) % 4
 //   instead (features permuted to match) removed the conflicts and changed no time where K is not split: the
 //   dequantization's latency hides them (benchmarks/results/2026-12-02-wgmma-rotated-words.md).
-// Block tile: for BM = 32, 64 or 128 rows, 256 output features (4 tiles of 64) on four warpgroups, warpgroup
+// Block tile: for BM = 32 or 64 rows, 256 output features (4 tiles of 64) on four warpgroups, warpgroup
 //   h taking tile h (one m64nBMk16 instruction a k16 step: at these sizes the kernel waits on latency more
 //   than on issue, and twice the warps of two-tile warpgroups made M = 64-128 3-9% faster on the layers
-//   that split K, level elsewhere: 2026-11-30-wgmma-warpgroups.md); for BM = 160 or 256 (M > 128), 128 features
-//   on two warpgroups (warpgroup h takes tile h, one m64nBMk16 instruction), as the accumulators of four
-//   would not fit: the same tensor work a stage as two m64n128k16 a warpgroup, half the dequantization per
-//   product (M = 256-512: 2-15% faster, 2026-11-30-wgmma-stream-k.md), for twice the
-//   activation bytes a stage. Stages of 128 k, in two halves of 64 k. The activations of a half, BM rows x 128
+//   that split K, level elsewhere: 2026-11-30-wgmma-warpgroups.md); for BM = 128, 160 or 256 (M > 64), 128
+//   features on two warpgroups (warpgroup h takes tile h, one m64nBMk16 instruction): the same tensor work a stage
+//   as two m64n128k16 a warpgroup, half the dequantization per product (M = 256-512: 2-15% faster,
+//   2026-11-30-wgmma-stream-k.md), for twice the activation bytes a stage; and with four warpgroups the
+//   accumulators of 160 and 256 rows would not fit, nor those of 128 beside a producer (below). Stages of 128 k, in two halves of 64 k. The activations of a half, BM rows x 128
 //   bytes, are stored with the 128-byte swizzle the B descriptor declares (16-byte chunk c of row r at chunk
 //   c ^ (r % 8), 1024-byte aligned atoms of 8 rows), so that the tensor cores read them without bank conflicts;
 //   the k16 steps inside the half are the descriptor's start address moved by 32 bytes.
 // Pipeline: a ring of stages filled by the copy engine (TMA), five tensor-map copies a stage (the two halves
 //   of activations, with the swizzle and zeros past M; the weight words of the eight k16 steps; the scale
-//   rows; the zero-point rows), all counted on the stage's "full" mbarrier. Up to 64 rows a producer warpgroup
-//   issues them (one thread; the group gives its registers to the others), above that the consumer warps in turn.
+//   rows; the zero-point rows), all counted on the stage's "full" mbarrier. A producer warpgroup issues them
+//   (one thread; the group gives its registers to the others), and the consumer warpgroups only dequantize and
+//   multiply.
 //   Each half dequantizes its weights into one of two register sets while the previous half's wgmmas still run,
 //   issues its own (4 per warpgroup) and waits for the previous ones; a stage is released on its "empty" mbarrier
 //   once the next stage's first half is issued. On Hopper the kernel is launched as a dependent of the kernel ahead
@@ -87,18 +88,17 @@ __host__ __device__ constexpr int stage_group_rows(int group_shift) {
 }
 constexpr int kGroupM = 8;       // row tiles that sweep the column tiles together (L2 reuse at large M)
 
-// Block tiles (see the top of the file): BM = 32, 64 or 128 rows x 256 columns on four warpgroups, 160 or 256
-// rows x 128 columns on two; each warpgroup one 64-column tile, one instruction a k16 step.
+// Block tiles (see the top of the file): BM = 32 or 64 rows x 256 columns on four warpgroups, 128, 160 or 256 rows
+// x 128 columns on two; each warpgroup one 64-column tile, one instruction a k16 step.
 template <int BM>
 struct WgTile {
-  static constexpr int kThreads = BM <= 128 ? 512 : 256;  // the consumers: the warpgroups that dequantize and multiply
-  // Up to 64 rows, a fifth warpgroup (the producer) issues every copy, and the consumers only dequantize and
-  // multiply (see accumulate). The registers follow the work (setmaxnreg): launched at 96 a thread, the producer
-  // gives back all but 24 and the consumers take 112 (the 64-row kernels used 90-105 before, none spill).
-  // (128 rows would need all 128 a consumer thread, which leaves none for a producer.)
-  static constexpr bool kProducer = BM <= 64;
-  static constexpr int kBlockThreads = kThreads + (kProducer ? 128 : 0);
-  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 112;
+  static constexpr int kThreads = BM < 128 ? 512 : 256;  // the consumers: the warpgroups that dequantize and multiply
+  // One more warpgroup, the producer, issues every copy (see the kernel), and the consumers only dequantize and
+  // multiply. The registers follow the work (setmaxnreg): the producer gives back all but 24 a thread, and the
+  // consumers take the rest: launched at 96 a thread (640 threads), 112 (the 64-row kernels used 90-105 before the
+  // producer, none spill); launched at 168 (384 threads), 240 (the 256-row kernels use up to 237, none spill).
+  static constexpr int kBlockThreads = kThreads + 128;
+  static constexpr int kProducerRegisters = 24, kConsumerRegisters = BM < 128 ? 112 : 240;
   static constexpr int kWarpgroups = kThreads / 128;
   static constexpr int kTiles = kWarpgroups;  // 64-column tiles per block
   static constexpr int kWgN = 64 * kTiles;    // output features per block
@@ -110,21 +110,16 @@ struct WgTile {
   static constexpr int kScales = 4 * kScaleRow;  // room for four group rows (groups of 32)
   static constexpr int kZeros = 4 * kZeroRow;
   static constexpr int kStage = (kX + kW + kScales + kZeros + 1023) / 1024 * 1024;  // swizzle atoms: 1024-aligned
-  // As many stages as fit the 227 KB a block may take (3 at BM = 256, 4 at 128 and 160, 6 at 64, 8 at 32).
+  // As many stages as fit the 227 KB a block may take (3 at BM = 256, 4 at 160, 5 at 128, 6 at 64, 8 at 32).
   static constexpr int kStages = (227 * 1024 - 1024) / kStage;
-  // Without a producer, stage s refills the slot of stage s - kLag (see accumulate), kStages - kLag stages ahead: with
-  // 3 stages the one just released, which the block's warpgroups must all have left; with more, half the ring back,
-  // so that they need not keep step. (Three ahead at 4 stages, the slot just released, was 4-8% slower on 70B-up and
-  // 7B-up at M = 96..160 on an H200: benchmarks/results/2026-12-02-wgmma-producer-warp.md.) With a producer, the
-  // block's first kStages - kLag stages fetch their weights before the prior kernel ends (see the producer).
-  static constexpr int kLag = kStages >= 4 ? kStages / 2 : 1;
+  // The block's first kEarly stages fetch their weights before the prior kernel ends, half the ring (see the
+  // producer).
+  static constexpr int kEarly = kStages - kStages / 2;
   static constexpr int kOutRow = kWgN + 8;  // staged output row, padded so the fragment scatter hits all banks
-  static constexpr int kPipeBytes = kStages * kStage;
-  static constexpr int kOutBytes = BM * kOutRow * 2;
-  // With a producer the output tile is staged in the slot of the run's last stage, which the consumers release only
-  // once it is written out: the producer fills the other slots meanwhile.
-  static_assert(!kProducer || kOutBytes <= kStage, "the staged output must fit in one stage");
-  static constexpr int kSmemBytes = (kPipeBytes > kOutBytes ? kPipeBytes : kOutBytes) + 1024;  // + alignment
+  // The output tile is staged in the slot of the run's last stage, which the consumers release only once it is
+  // written out: the producer fills the other slots meanwhile.
+  static_assert(BM * kOutRow * 2 <= kStage, "the staged output must fit in one stage");
+  static constexpr int kSmemBytes = kStages * kStage + 1024;  // + alignment
   static constexpr int kAcc = BM / 2;  // fp32 accumulators per thread
 };
 
@@ -321,69 +316,62 @@ __global__ void __launch_bounds__(WgTile<BM>::kBlockThreads, 1)
     }
   };
 
-  constexpr int kAhead = C::kStages - C::kLag;
   allow_dependent_launch();
   if (tid == 0) {
     for (int i = 0; i < C::kStages; ++i) init_barrier(&full[i], 1), init_barrier(&empty[i], C::kThreads);
     fence_barrier_init();
   }
   __syncthreads();
-  if constexpr (C::kProducer) {
-    if (wg == C::kWarpgroups) {  // the producer: one thread issues every copy, as soon as its slot is free
-      release_registers<C::kProducerRegisters>();
-      if (tid == C::kThreads) {
-        uint32_t g = 0;  // stages put through the ring
-        for_each_run([&](int tile, int k_first, int stages) {
-          int m0, t0;
-          tile_origin(tile, m0, t0);
-          // The block's first kAhead stages fetch their weights while the prior kernel ends; then the rest of the
-          // ring follows. (Fetching the weights of the whole ring first, 6 stages at 64 rows, was 4-8% slower on the
-          // layers whose blocks take 11-22 stages: their first stage arrived later.)
-          const int early = g == 0 ? min(stages, kAhead) : 0;
-          for (int s = 0; s < early; ++s) fetch_weights(g + s, t0, k_first + s);
-          if (g == 0) wait_for_prior_kernel();
-          for (int s = 0; s < stages; ++s) {
-            if (s >= early) fetch_weights(g + s, t0, k_first + s);
-            fetch_rest(g + s, m0, t0, k_first + s);
-          }
-          g += stages;
-        });
-      }
-      return;
+  if (wg == C::kWarpgroups) {  // the producer: one thread issues every copy, as soon as its slot is free
+    release_registers<C::kProducerRegisters>();
+    if (tid == C::kThreads) {
+      uint32_t g = 0;  // stages put through the ring
+      for_each_run([&](int tile, int k_first, int stages) {
+        int m0, t0;
+        tile_origin(tile, m0, t0);
+        // The block's first kEarly stages fetch their weights while the prior kernel ends; then the rest of the
+        // ring follows. (Fetching the weights of the whole ring first, 6 stages at 64 rows, was 4-8% slower on the
+        // layers whose blocks take 11-22 stages: their first stage arrived later.)
+        const int early = g == 0 ? min(stages, C::kEarly) : 0;
+        for (int s = 0; s < early; ++s) fetch_weights(g + s, t0, k_first + s);
+        if (g == 0) wait_for_prior_kernel();
+        for (int s = 0; s < stages; ++s) {
+          if (s >= early) fetch_weights(g + s, t0, k_first + s);
+          fetch_rest(g + s, m0, t0, k_first + s);
+        }
+        g += stages;
+      });
     }
-    claim_registers<C::kConsumerRegisters>();
-    wait_for_prior_kernel();
-  } else if (tid != 0) {
-    wait_for_prior_kernel();  // thread 0 waits in its first accumulate
+    return;
   }
+  claim_registers<C::kConsumerRegisters>();
+  wait_for_prior_kernel();
 
-  // acc = the products of stages [k_first, k_first + stages) of a tile. A stage runs in two halves of 64 k, one
-  // wgmma group each: a half's weights are dequantized into one register set while the other half's wgmmas run.
-  // The barrier wait, the stage's release and its refill come once a stage, that is once per 128 k: with 64-k
-  // stages they took about a sixth of the main loop's instructions (ncu, benchmarks/results/
+  // acc = the products of a run: the next `stages` stages through the ring, which the producer fills. A stage runs
+  // in two halves of 64 k, one wgmma group each: a half's weights are dequantized into one register set while the
+  // other half's wgmmas run. The barrier wait and the stage's release come once a stage, that is once per 128 k: with
+  // 64-k stages they took about a sixth of the main loop's instructions (ncu, benchmarks/results/
   // 2026-12-02-marlin-wgmma-plan.md). A warp's main loop went from ~146 instructions per 64 k to ~123, and the
   // kernel's time on an H200 by up to 17% at M = 64..1024, 6-10% at M = 1024 (both builds timed in turn,
   // benchmarks/results/2026-12-02-marlin-stage128.md). Issuing each k16 step's wgmma as soon as its fragment is
   // dequantized (a group a step, as triton's kernel does) was 0-8% slower than a group a half.
   // Stage s releases stage s - 1 once the first half's wgmmas are issued and the previous ones done; the run's last
-  // stage is left to the caller (`release`), who may stage the output in its slot.
-  // Without a producer (128 rows and more), stage s refills the slot of stage s - kLag with stage s + kAhead. The
-  // refill is issued by lane 0 of warp s % (the block's warps), after the second half's wgmmas, while they run: a
-  // warpgroup's wgmma starts only when all four of its warps have issued it, so the refill delays its warpgroup's
-  // next step; taking turns spreads that delay over all warps (70B-up M = 64: 153 us against 169 when thread 0
-  // issued every refill; the same at M >= 256). Up to 64 rows the producer warpgroup takes that work off them:
-  // on an H200 (interleaved A/B, bf16 and fp16, benchmarks/results/2026-12-03-wgmma-producer-warpgroup.md) M = 48
-  // and 64 took 15-18% less time on 70B-up and 7B-up (stream-K), 4-7% on 70B-qkv (also at M = 32) and 70B-down, 3-5%
-  // on 7B-qkv (k splits); 7B-down, whose splits run 11 stages, 2% less at M = 64 and 3% more at 48. A producer warp
-  // (a 17th warp, without setmaxnreg: 96 registers, spills) had gained 0-4% on stream-K and lost 4-15% on the k
-  // splits (2026-12-02-wgmma-producer-warp.md).
+  // stage is left to the caller (`release`), who stages the output in its slot.
+  // The refills are the producer's. Before it, lane 0 of warp s % (the block's warps) issued the refill of stage s
+  // after the second half's wgmmas; a warpgroup's wgmma starts only when all four of its warps have issued it, so each
+  // refill delayed its warpgroup's next step. Measured with the producer against that (interleaved A/Bs):
+  // - 64 rows, on an H200 (bf16 and fp16, benchmarks/results/2026-12-03-wgmma-producer-warpgroup.md): M = 48 and 64
+  //   15-18% less time on 70B-up and 7B-up (stream-K), 4-7% on 70B-qkv (also at M = 32) and 70B-down, 3-5% on
+  //   7B-qkv (k splits); 7B-down, whose splits run 11 stages, 2% less at M = 64 and 3% more at 48;
+  // - 160 and 256 rows, on an H100 (benchmarks/results/2026-12-06-wgmma-producer-all-rows.md): M = 160 5-18% less,
+  //   M = 256..2048 up to 6% less (the down layers within 2%);
+  // - 128 rows, which moved from four warpgroups of 256 columns to two of 128 beside the producer (same run): M = 96
+  //   and 128 up to 23% less on the 7B layers, 70B-up 2% less, 70B-qkv 5.5% more at 96 and 7.5% less at 128, 70B-down
+  //   level; M = 384 and 640 (three and five row tiles) from 12% less to 3% more.
+  // A producer warp (a 17th warp, without setmaxnreg: 96 registers, spills) had gained 0-4% on stream-K and lost
+  // 4-15% on the k splits (2026-12-02-wgmma-producer-warp.md).
   uint32_t ring = 0;  // stages this block has put through the ring
-  auto accumulate = [&](int m0, int t0, int k_first, int stages) {
-    if (!C::kProducer && tid == 0) {  // the first stages; in the block's first run, their weights while the prior kernel ends
-      for (int s = 0; s < kAhead && s < stages; ++s) fetch_weights(ring + s, t0, k_first + s);
-      if (ring == 0) wait_for_prior_kernel();
-      for (int s = 0; s < kAhead && s < stages; ++s) fetch_rest(ring + s, m0, t0, k_first + s);
-    }
+  auto accumulate = [&](int stages) {
     int slot = ring % C::kStages;
     uint32_t phase = (ring / C::kStages) & 1;  // of the slot's "full" barrier
     Fragments a_low, a_high;  // the two halves' register sets
@@ -404,10 +392,6 @@ __global__ void __launch_bounds__(WgTile<BM>::kBlockThreads, 1)
       }
       dequantize(st, 1, a_high, consts);
       issue(descriptor_low + (C::kXHalf >> 4), a_high, false);
-      if (!C::kProducer && tid == s % (C::kThreads / 32) * 32 && s + kAhead < stages) {
-        fetch_weights(ring + s + kAhead, t0, k_first + s + kAhead);
-        fetch_rest(ring + s + kAhead, m0, t0, k_first + s + kAhead);
-      }
       wgmma_wait<1>();  // the first half's wgmmas are done: a_low is free
       if (++slot == C::kStages) slot = 0, phase ^= 1;
     }
@@ -427,10 +411,10 @@ __global__ void __launch_bounds__(WgTile<BM>::kBlockThreads, 1)
   // row 8 (j / 4) + 2 (lane % 4) (+ 1 for odd j).
   const int row_in_8 = 2 * (lane % 4), feature = 64 * wg + 16 * w + lane / 4;
   // The output tile goes through shared memory, to be written in full 16-byte rows: through the slot of the run's
-  // last stage with a producer (the slot is then released), else through the ring's start, free between tiles.
+  // last stage, released after.
   auto store_output = [&](int m0, int t0, int last_slot) {
     sync_consumers();  // every thread is done with the ring's last stage
-    T* staged = reinterpret_cast<T*>(smem + (C::kProducer ? last_slot * C::kStage : 0));
+    T* staged = reinterpret_cast<T*>(smem + last_slot * C::kStage);
     const T* bias = static_cast<const T*>(args.bias);
     const bool has_bias = bias != nullptr && t0 + wg < tiles64;
     const float b_low = has_bias ? to_float(bias[t0 * 64 + feature]) : 0.f;
@@ -451,13 +435,12 @@ __global__ void __launch_bounds__(WgTile<BM>::kBlockThreads, 1)
             *reinterpret_cast<const uint4*>(staged + r * C::kOutRow + c * 8);
     }
     release(last_slot);
-    if (!C::kProducer) sync_consumers();  // the next tile's copies overwrite the staged output
   };
 
   for_each_run([&](int tile, int k_first, int stages) {
     int m0, t0;
     tile_origin(tile, m0, t0);
-    const int last_slot = accumulate(m0, t0, k_first, stages);
+    const int last_slot = accumulate(stages);
     if (kSplits || k_first > 0) release(last_slot);  // (the others stage their output in it)
 
     if constexpr (kSplits) {  // one k split of one tile: partial sums [split][M][N] for the second kernel
@@ -550,7 +533,7 @@ struct WgmmaPlan {
 // benchmarks/results/2026-12-02-marlin-wgmma-plan.md), 7B-qkv M = 1024 (384 tiles) 171 -> 166 us, 7B-down
 // M = 1024 (128 tiles) 155 -> 149, 70B-down M = 512 and 1024 2% less; with fewer than 90%, sharing stays
 // ahead (70B-up M = 1024, 58% full: 1510 against 1545 whole, 7B-qkv M = 256, 73%: 49.8 against 53.5).
-constexpr int block_columns(int bm) { return bm > 128 ? 128 : 256; }
+constexpr int block_columns(int bm) { return bm >= 128 ? 128 : 256; }
 
 // Rows per block tile: 32 up to M = 32 (70B-qkv at M = 24/32: 28.0 against 30.5 us on 64-row tiles,
 // 2026-12-01-wgmma-small-tiles.md), 64 up to 64, 128 up to 128; above, the one of 128, 160 and 256 rows with the
@@ -558,7 +541,8 @@ constexpr int block_columns(int bm) { return bm > 128 ? 128 : 256; }
 // H200 (M = 300..768, 2026-12-01-wgmma-160-rows.md: 7B-qkv and 70B-up alike); rows past M cost as much as real ones.
 // So M = 129..160 takes one 160-row tile (until then one of 256 rows), 161..256 one 256-row tile, 257..320 two
 // 160-row ones (until then three 128-row ones: 10-25% slower), 321..384 three 128-row ones, 385..512 two 256-row
-// ones, 513..640 five 128-row ones, and so on.
+// ones, 513..640 five 128-row ones, and so on. (The costs are those of the kernels before the producer warpgroup
+// took 128 to 256 rows, session 78, not measured again since.)
 int block_rows(int M) {
   if (M <= 128) return M <= 32 ? 32 : M <= 64 ? 64 : 128;
   constexpr int kRows[3] = {256, 160, 128}, kCost[3] = {90, 68, 50};
