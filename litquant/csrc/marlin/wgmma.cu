@@ -39,10 +39,11 @@
 //   features on two warpgroups (warpgroup h takes tile h, one m64nBMk16 instruction): the same tensor work a stage
 //   as two m64n128k16 a warpgroup, half the dequantization per product (M = 256-512: 2-15% faster,
 //   2026-11-30-wgmma-stream-k.md), for twice the activation bytes a stage; and with four warpgroups the
-//   accumulators of 160 and 256 rows would not fit, nor those of 128 beside a producer (below). Stages of 128 k, in two halves of 64 k. The activations of a half, BM rows x 128
-//   bytes, are stored with the 128-byte swizzle the B descriptor declares (16-byte chunk c of row r at chunk
-//   c ^ (r % 8), 1024-byte aligned atoms of 8 rows), so that the tensor cores read them without bank conflicts;
-//   the k16 steps inside the half are the descriptor's start address moved by 32 bytes.
+//   accumulators of 160 and 256 rows would not fit, nor those of 128 beside a producer (below). Stages of 128 k,
+//   in two halves of 64 k. The activations of a half, BM rows x 128 bytes, are stored with the 128-byte swizzle
+//   the B descriptor declares (16-byte chunk c of row r at chunk c ^ (r % 8), 1024-byte aligned atoms of 8 rows),
+//   so that the tensor cores read them without bank conflicts; the k16 steps inside the half are the descriptor's
+//   start address moved by 32 bytes.
 // Pipeline: a ring of stages filled by the copy engine (TMA), five tensor-map copies a stage (the two halves
 //   of activations, with the swizzle and zeros past M; the weight words of the eight k16 steps; the scale
 //   rows; the zero-point rows), all counted on the stage's "full" mbarrier. A producer warpgroup issues them
@@ -357,7 +358,7 @@ __global__ void __launch_bounds__(WgTile<BM>::kBlockThreads, 1)
   // dequantized (a group a step, as triton's kernel does) was 0-8% slower than a group a half.
   // Stage s releases stage s - 1 once the first half's wgmmas are issued and the previous ones done; the run's last
   // stage is left to the caller (`release`), who stages the output in its slot.
-  // The refills are the producer's. Before it, lane 0 of warp s % (the block's warps) issued the refill of stage s
+  // The refills are the producer's. Before it, lane 0 of warp s % (the block's warps) issued a refill at stage s,
   // after the second half's wgmmas; a warpgroup's wgmma starts only when all four of its warps have issued it, so each
   // refill delayed its warpgroup's next step. Measured with the producer against that (interleaved A/Bs):
   // - 64 rows, on an H200 (bf16 and fp16, benchmarks/results/2026-12-03-wgmma-producer-warpgroup.md): M = 48 and 64
@@ -542,7 +543,8 @@ constexpr int block_columns(int bm) { return bm >= 128 ? 128 : 256; }
 // So M = 129..160 takes one 160-row tile (until then one of 256 rows), 161..256 one 256-row tile, 257..320 two
 // 160-row ones (until then three 128-row ones: 10-25% slower), 321..384 three 128-row ones, 385..512 two 256-row
 // ones, 513..640 five 128-row ones, and so on. (The costs are those of the kernels before the producer warpgroup
-// took 128 to 256 rows, session 78, not measured again since.)
+// took 128 to 256 rows. With it, on an H100, they still beat 256-row tiles at M = 288..640 by 1-59%:
+// benchmarks/results/2026-12-06-wgmma-producer-all-rows.md, run 8.)
 int block_rows(int M) {
   if (M <= 128) return M <= 32 ? 32 : M <= 64 ? 64 : 128;
   constexpr int kRows[3] = {256, 160, 128}, kCost[3] = {90, 68, 50};
