@@ -91,15 +91,16 @@ constexpr int kGroupM = 8;       // row tiles that sweep the column tiles togeth
 
 // Block tiles (see the top of the file): BM = 32 or 64 rows x 256 columns on four warpgroups, 128, 160 or 256 rows
 // x 128 columns on two; each warpgroup one 64-column tile, one instruction a k16 step.
+constexpr int block_columns(int bm) { return bm >= 128 ? 128 : 256; }
 template <int BM>
 struct WgTile {
-  static constexpr int kThreads = BM < 128 ? 512 : 256;  // the consumers: the warpgroups that dequantize and multiply
+  static constexpr int kThreads = 2 * block_columns(BM);  // the consumers: the warpgroups that dequantize and multiply
   // One more warpgroup, the producer, issues every copy (see the kernel), and the consumers only dequantize and
   // multiply. The registers follow the work (setmaxnreg): the producer gives back all but 24 a thread, and the
   // consumers take the rest: launched at 96 a thread (640 threads), 112 (the 64-row kernels used 90-105 before the
   // producer, none spill); launched at 168 (384 threads), 240 (the 256-row kernels use up to 237, none spill).
   static constexpr int kBlockThreads = kThreads + 128;
-  static constexpr int kProducerRegisters = 24, kConsumerRegisters = BM < 128 ? 112 : 240;
+  static constexpr int kProducerRegisters = 24, kConsumerRegisters = kThreads == 512 ? 112 : 240;
   static constexpr int kWarpgroups = kThreads / 128;
   static constexpr int kTiles = kWarpgroups;  // 64-column tiles per block
   static constexpr int kWgN = 64 * kTiles;    // output features per block
@@ -534,8 +535,6 @@ struct WgmmaPlan {
 // benchmarks/results/2026-12-02-marlin-wgmma-plan.md), 7B-qkv M = 1024 (384 tiles) 171 -> 166 us, 7B-down
 // M = 1024 (128 tiles) 155 -> 149, 70B-down M = 512 and 1024 2% less; with fewer than 90%, sharing stays
 // ahead (70B-up M = 1024, 58% full: 1510 against 1545 whole, 7B-qkv M = 256, 73%: 49.8 against 53.5).
-constexpr int block_columns(int bm) { return bm >= 128 ? 128 : 256; }
-
 // Rows per block tile: 32 up to M = 32 (70B-qkv at M = 24/32: 28.0 against 30.5 us on 64-row tiles,
 // 2026-12-01-wgmma-small-tiles.md), 64 up to 64, 128 up to 128; above, the one of 128, 160 and 256 rows with the
 // least cost, tiles x cost per tile, the larger on a tie. The costs per tile, 50 : 68 : 90, are those measured on an
