@@ -35,11 +35,11 @@
 // Block tile: for BM = 32 or 64 rows, 256 output features (4 tiles of 64) on four warpgroups, warpgroup
 //   h taking tile h (one m64nBMk16 instruction a k16 step: at these sizes the kernel waits on latency more
 //   than on issue, and twice the warps of two-tile warpgroups made M = 64-128 3-9% faster on the layers
-//   that split K, level elsewhere: 2026-11-30-wgmma-warpgroups.md); for BM = 128, 160 or 256 (M > 64), 128
+//   that split K, level elsewhere: 2026-11-30-wgmma-warpgroups.md); for BM = 128, 160, 192 or 256 (M > 64), 128
 //   features on two warpgroups (warpgroup h takes tile h, one m64nBMk16 instruction): the same tensor work a stage
 //   as two m64n128k16 a warpgroup, half the dequantization per product (M = 256-512: 2-15% faster,
 //   2026-11-30-wgmma-stream-k.md), for twice the activation bytes a stage; and with four warpgroups the
-//   accumulators of 160 and 256 rows would not fit, nor those of 128 beside a producer (below). Stages of 128 k,
+//   accumulators of 160 to 256 rows would not fit, nor those of 128 beside a producer (below). Stages of 128 k,
 //   in two halves of 64 k. The activations of a half, BM rows x 128 bytes, are stored with the 128-byte swizzle
 //   the B descriptor declares (16-byte chunk c of row r at chunk c ^ (r % 8), 1024-byte aligned atoms of 8 rows),
 //   so that the tensor cores read them without bank conflicts; the k16 steps inside the half are the descriptor's
@@ -89,8 +89,8 @@ __host__ __device__ constexpr int stage_group_rows(int group_shift) {
 }
 constexpr int kGroupM = 8;       // row tiles that sweep the column tiles together (L2 reuse at large M)
 
-// Block tiles (see the top of the file): BM = 32 or 64 rows x 256 columns on four warpgroups, 128, 160 or 256 rows
-// x 128 columns on two; each warpgroup one 64-column tile, one instruction a k16 step.
+// Block tiles (see the top of the file): BM = 32 or 64 rows x 256 columns on four warpgroups, 128, 160, 192 or 256
+// rows x 128 columns on two; each warpgroup one 64-column tile, one instruction a k16 step.
 constexpr int block_columns(int bm) { return bm >= 128 ? 128 : 256; }
 template <int BM>
 struct WgTile {
@@ -112,7 +112,7 @@ struct WgTile {
   static constexpr int kScales = 4 * kScaleRow;  // room for four group rows (groups of 32)
   static constexpr int kZeros = 4 * kZeroRow;
   static constexpr int kStage = (kX + kW + kScales + kZeros + 1023) / 1024 * 1024;  // swizzle atoms: 1024-aligned
-  // As many stages as fit the 227 KB a block may take (3 at BM = 256, 4 at 160, 5 at 128, 6 at 64, 8 at 32).
+  // As many stages as fit the 227 KB a block may take (3 at BM = 192 and 256, 4 at 160, 5 at 128, 6 at 64, 8 at 32).
   static constexpr int kStages = (227 * 1024 - 1024) / kStage;
   // The block's first kEarly stages fetch their weights before the prior kernel ends, half the ring (see the
   // producer).
@@ -519,7 +519,7 @@ __global__ void marlin_sum_splits_kernel(const float4* partial, const T* bias, T
 // Host side
 // ---------------------------------------------------------------------------------------------
 struct WgmmaPlan {
-  int bm;            // rows per block tile: 32, 64, 128, 160 or 256
+  int bm;            // rows per block tile: 32, 64, 128, 160, 192 or 256
   int grid;          // blocks
   int shared_tiles;  // tiles cut between blocks without k splits (one lock each)
   WgWork work;
@@ -536,19 +536,19 @@ struct WgmmaPlan {
 // M = 1024 (128 tiles) 155 -> 149, 70B-down M = 512 and 1024 2% less; with fewer than 90%, sharing stays
 // ahead (70B-up M = 1024, 58% full: 1510 against 1545 whole, 7B-qkv M = 256, 73%: 49.8 against 53.5).
 // Rows per block tile: 32 up to M = 32 (70B-qkv at M = 24/32: 28.0 against 30.5 us on 64-row tiles,
-// 2026-12-01-wgmma-small-tiles.md), 64 up to 64, 128 up to 128; above, the one of 128, 160 and 256 rows with the
-// least cost, tiles x cost per tile, the larger on a tie. The costs per tile, 50 : 68 : 90, are those measured on an
-// H200 (M = 300..768, 2026-12-01-wgmma-160-rows.md: 7B-qkv and 70B-up alike); rows past M cost as much as real ones.
-// So M = 129..160 takes one 160-row tile (until then one of 256 rows), 161..256 one 256-row tile, 257..320 two
-// 160-row ones (until then three 128-row ones: 10-25% slower), 321..384 three 128-row ones, 385..512 two 256-row
-// ones, 513..640 five 128-row ones, and so on. (The costs are those of the kernels before the producer warpgroup
-// took 128 to 256 rows. With it, on an H100, they still beat 256-row tiles at M = 288..640 by 1-59%:
-// benchmarks/results/2026-12-06-wgmma-producer-all-rows.md, run 8.)
+// 2026-12-01-wgmma-small-tiles.md), 64 up to 64, 128 up to 128; above, the one of 128, 160, 192 and 256 rows with the
+// least cost, tiles x cost per tile, the larger on a tie; rows past M cost as much as real ones. The costs per tile,
+// 50 : 56 : 66 : 90, are the medians over the six Llama layers of each tile's time a row tile, on an H100, every tile
+// size forced in turn at M = 192..1152 and timed interleaved (benchmarks/results/2026-12-06-wgmma-192-rows.md): a
+// row costs 14% more in a 128-row tile than in the larger ones, which cost about the same a row, so the rule mostly
+// picks the tile that pads M least. M = 129..160 takes one 160-row tile, 161..192 one of 192, 193..256 one of 256,
+// 257..320 two of 160, 321..384 two of 192, 385..480 three of 160, 481..512 two of 256, 513..576 three of 192, and so
+// on; the 256-row tile's cost, at the low end of its measured 87-100, keeps it at M = 1024, 2048 and 4096.
 int block_rows(int M) {
   if (M <= 128) return M <= 32 ? 32 : M <= 64 ? 64 : 128;
-  constexpr int kRows[3] = {256, 160, 128}, kCost[3] = {90, 68, 50};
+  constexpr int kRows[4] = {256, 192, 160, 128}, kCost[4] = {90, 66, 56, 50};
   int best = 0;
-  for (int i = 1; i < 3; ++i) {
+  for (int i = 1; i < 4; ++i) {
     if ((M + kRows[i] - 1) / kRows[i] * kCost[i] < (M + kRows[best] - 1) / kRows[best] * kCost[best]) best = i;
   }
   return kRows[best];
@@ -683,6 +683,7 @@ const char* dispatch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, const De
     case 64: return z ? launch_wgmma<T, 64, true>(args, plan, device, stream) : launch_wgmma<T, 64, false>(args, plan, device, stream);
     case 128: return z ? launch_wgmma<T, 128, true>(args, plan, device, stream) : launch_wgmma<T, 128, false>(args, plan, device, stream);
     case 160: return z ? launch_wgmma<T, 160, true>(args, plan, device, stream) : launch_wgmma<T, 160, false>(args, plan, device, stream);
+    case 192: return z ? launch_wgmma<T, 192, true>(args, plan, device, stream) : launch_wgmma<T, 192, false>(args, plan, device, stream);
     default: return z ? launch_wgmma<T, 256, true>(args, plan, device, stream) : launch_wgmma<T, 256, false>(args, plan, device, stream);
   }
 }

@@ -60,6 +60,7 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 #define LQ_D_64(d) LQ_D32(d, 0)
 #define LQ_D_128(d) LQ_D64(d, 0)
 #define LQ_D_160(d) LQ_D64(d, 0), LQ_D16(d, 64)
+#define LQ_D_192(d) LQ_D64(d, 0), LQ_D32(d, 64)
 #define LQ_D_256(d) LQ_D64(d, 0), LQ_D64(d, 64)
 #define LQ_A4(a) "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
 #define LQ_ACC_8 "{%0, %1, %2, %3}"
@@ -80,6 +81,12 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
   "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, " \
   "%59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, " \
   "%78, %79}"
+#define LQ_ACC_192 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
+  "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, " \
+  "%40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, " \
+  "%59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, " \
+  "%78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}"
 #define LQ_ACC_256 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, " \
   "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, " \
@@ -112,6 +119,10 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 #define LQ_RS_PRED_160 "85"
 #define LQ_SS_TAIL_160 ", %80, %81, p, 1, 1, 0, 0;\n"
 #define LQ_SS_PRED_160 "82"
+#define LQ_RS_TAIL_192 ", {%96, %97, %98, %99}, %100, p, 1, 1, 0;\n"
+#define LQ_RS_PRED_192 "101"
+#define LQ_SS_TAIL_192 ", %96, %97, p, 1, 1, 0, 0;\n"
+#define LQ_SS_PRED_192 "98"
 #define LQ_RS_TAIL_256 ", {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n"
 #define LQ_RS_PRED_256 "133"
 #define LQ_SS_TAIL_256 ", %128, %129, p, 1, 1, 0, 0;\n"
@@ -127,14 +138,15 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
     asm volatile(LQ_WGMMA(FORM, N, "f16") : LQ_D_##N(d) : __VA_ARGS__, "l"(desc), "r"(accumulate))
 // The instruction for the N of the caller (a template parameter); the arguments are A's asm operands.
 #define LQ_WGMMA_ANY_N(FORM, ...)                                                                                    \
-  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 160 || N == 256,                         \
-                "wgmma: 8, 16, 32, 64, 128, 160 or 256 columns");                                                    \
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64 || N == 128 || N == 160 || N == 192 || N == 256,             \
+                "wgmma: 8, 16, 32, 64, 128, 160, 192 or 256 columns");                                               \
   if constexpr (N == 8) { LQ_WGMMA_CALL(FORM, 8, __VA_ARGS__); }                                                     \
   else if constexpr (N == 16) { LQ_WGMMA_CALL(FORM, 16, __VA_ARGS__); }                                              \
   else if constexpr (N == 32) { LQ_WGMMA_CALL(FORM, 32, __VA_ARGS__); }                                              \
   else if constexpr (N == 64) { LQ_WGMMA_CALL(FORM, 64, __VA_ARGS__); }                                              \
   else if constexpr (N == 128) { LQ_WGMMA_CALL(FORM, 128, __VA_ARGS__); }                                            \
   else if constexpr (N == 160) { LQ_WGMMA_CALL(FORM, 160, __VA_ARGS__); }                                            \
+  else if constexpr (N == 192) { LQ_WGMMA_CALL(FORM, 192, __VA_ARGS__); }                                            \
   else { LQ_WGMMA_CALL(FORM, 256, __VA_ARGS__); }
 
 // d[64 x N] = A[64 x 16] (this thread's fragment `a`, registers) * B[16 x N] (shared memory, `desc`),
