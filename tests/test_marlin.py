@@ -339,7 +339,7 @@ def test_gpu_wgmma_whole_tiles_in_a_nearly_full_round(dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_wgmma_up_to_the_dense_threshold(dtype):
-    """On Hopper the fused kernel takes M up to `wgmma_dense_from_m` - 1 (16383: 64 row tiles of 256 rows, the last
+    """On Hopper the fused kernel takes M up to `wgmma_dense_from_m` - 1 (16383: 86 row tiles of 192 rows, the last
     partly past M), dequantize + cuBLAS from there on; with a bias, on a layer whose tiles take several rounds."""
     qw = random_quantized_weight(4096, 11008, 128, sym=False, act_order=True, device="cuda", bias=True)
     assert MarlinQuantLinear.wgmma_dense_from_m == 16384
@@ -349,8 +349,9 @@ def test_gpu_wgmma_up_to_the_dense_threshold(dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_wgmma_whole_tiles_past_the_l2(dtype):
-    """28672 x 8192 (70B-down) at M = 1800 and 2048: 8 row tiles of 256 rows read 117 MB of activations, more than
-    an H200's L2, so `plan_wgmma` runs whole tiles in rounds where it would otherwise share the last ones."""
+    """28672 x 8192 (70B-down) at M = 1800 (10 row tiles of 192 rows) and 2048 (8 of 256): a group of 8 row tiles
+    reads 88 or 117 MB of activations, more than an H200's L2, so `plan_wgmma` runs whole tiles in rounds where it
+    would otherwise share the last ones."""
     qw = random_quantized_weight(28672, 8192, 128, sym=False, act_order=False, device="cuda", bias=True)
     check_rows(qw, dtype, (1800, 2048))
 
