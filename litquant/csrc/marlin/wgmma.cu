@@ -675,16 +675,23 @@ const char* launch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, const Devi
   return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
+// The kernel for BM rows, with or without zero points.
+template <typename T, int BM>
+const char* launch_wgmma_rows(const GemmArgs& args, const WgmmaPlan& plan, const DeviceInfo& device,
+                              cudaStream_t stream) {
+  return args.zeros != nullptr ? launch_wgmma<T, BM, true>(args, plan, device, stream)
+                               : launch_wgmma<T, BM, false>(args, plan, device, stream);
+}
+
 template <typename T>
 const char* dispatch_wgmma(const GemmArgs& args, const WgmmaPlan& plan, const DeviceInfo& device, cudaStream_t stream) {
-  const bool z = args.zeros != nullptr;
   switch (plan.bm) {
-    case 32: return z ? launch_wgmma<T, 32, true>(args, plan, device, stream) : launch_wgmma<T, 32, false>(args, plan, device, stream);
-    case 64: return z ? launch_wgmma<T, 64, true>(args, plan, device, stream) : launch_wgmma<T, 64, false>(args, plan, device, stream);
-    case 128: return z ? launch_wgmma<T, 128, true>(args, plan, device, stream) : launch_wgmma<T, 128, false>(args, plan, device, stream);
-    case 160: return z ? launch_wgmma<T, 160, true>(args, plan, device, stream) : launch_wgmma<T, 160, false>(args, plan, device, stream);
-    case 192: return z ? launch_wgmma<T, 192, true>(args, plan, device, stream) : launch_wgmma<T, 192, false>(args, plan, device, stream);
-    default: return z ? launch_wgmma<T, 256, true>(args, plan, device, stream) : launch_wgmma<T, 256, false>(args, plan, device, stream);
+    case 32: return launch_wgmma_rows<T, 32>(args, plan, device, stream);
+    case 64: return launch_wgmma_rows<T, 64>(args, plan, device, stream);
+    case 128: return launch_wgmma_rows<T, 128>(args, plan, device, stream);
+    case 160: return launch_wgmma_rows<T, 160>(args, plan, device, stream);
+    case 192: return launch_wgmma_rows<T, 192>(args, plan, device, stream);
+    default: return launch_wgmma_rows<T, 256>(args, plan, device, stream);
   }
 }
 
