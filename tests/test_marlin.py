@@ -358,6 +358,16 @@ def test_gpu_wgmma_whole_tiles_past_the_l2(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_wgmma_k_splits_past_one_round(dtype):
+    """28672 x 8192 (70B-down) at M = 480 and 576: 192 tiles of 160 or 192 rows, 1.45 rounds on 132 SMs, which
+    `plan_wgmma` runs as 2 k splits in 3 rounds (384 blocks, more than the SMs: blocks start as others end), the
+    splits summed by the second kernel; symmetric, with act_order and a bias."""
+    qw = random_quantized_weight(28672, 8192, 128, sym=True, act_order=True, device="cuda", bias=True)
+    check_rows(qw, dtype, (480, 576))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", LLAMA_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_gpu_llama_shapes(dtype, shape):
     qw = random_quantized_weight(*shape, 128, sym=dtype == torch.float16, act_order=dtype == torch.bfloat16,

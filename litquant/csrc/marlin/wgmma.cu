@@ -59,10 +59,10 @@
 //   barrier of every step cost 20-25% at large M (ncu: a third of the warps' time at the barrier).
 // Work split (see `plan_wgmma`): a layer with fewer tiles than SMs is split along K where a split's run is
 // not much longer than a stream-K share, the splits' fp32 partial sums added up by a second kernel (with the
-// bias); any other layer runs on one block per SM, each taking whole tiles and then an equal share of the
-// remaining tiles' k stages ("stream-K"), so that no wave runs part-empty, unless the last round of whole tiles
-// is nearly full or the activations of a group of tiles do not fit in L2. The output goes through shared memory,
-// to be written in full 16-byte rows.
+// bias). Otherwise the blocks take whole tiles, one block per SM, in rounds; or whole tiles and then an equal
+// share of the remaining tiles' k stages ("stream-K"), so that no wave runs part-empty; or, past one round, k
+// splits of every tile in rounds of blocks; whichever a cost model measured on the Llama layers puts first. The
+// output goes through shared memory, to be written in full 16-byte rows.
 #include <cuda.h>  // CUtensorMap (the driver function is looked up at run time: no link to libcuda)
 #include <cudaTypedefs.h>
 
@@ -529,9 +529,9 @@ struct WgmmaPlan {
 // blocks, even when their runs are several stages longer than its shares (see plan_wgmma); where they fill 90% of
 // the SMs or more, by 6-29% (7B-down M = 48..512, 70B-qkv 24..128, 70B-down 48..160; level on 70B-down at 256:
 // benchmarks/results/2026-12-02-wgmma-splits-vs-stream-k-ab.log). Stream-K shares the last round of whole tiles
-// plus the remainder, each block's run at least 512 k; but where the last round of whole tiles is at least 90%
-// full, the tiles run whole, in rounds (at most a tenth of the SMs idle in the last one, against the sums that
-// sharing hands between blocks): on an H200, all plans timed in turn at one clock (bf16,
+// plus the remainder, each block's run at least 512 k; but where one round of whole tiles is at least 90%
+// full, the tiles run whole (at most a tenth of the SMs idle, against the sums that sharing hands between blocks;
+// past one round, see plan_wgmma's cost model): on an H200, all plans timed in turn at one clock (bf16,
 // benchmarks/results/2026-12-02-marlin-wgmma-plan.md), 7B-qkv M = 1024 (384 tiles) 171 -> 166 us, 7B-down
 // M = 1024 (128 tiles) 155 -> 149, 70B-down M = 512 and 1024 2% less; with fewer than 90%, sharing stays
 // ahead (70B-up M = 1024, 58% full: 1510 against 1545 whole, 7B-qkv M = 256, 73%: 49.8 against 53.5).
@@ -554,6 +554,32 @@ int block_rows(int M) {
   return kRows[best];
 }
 
+// The three ways to run a launch's tiles (see WgWork), set on a plan whose bm and k_stages are set.
+WgmmaPlan whole_tiles(WgmmaPlan p, int tiles, int sms) {
+  p.work.splits = 1, p.work.whole_rounds = (tiles + sms - 1) / sms, p.work.shared_units = 0, p.work.units_per_block = 1;
+  p.grid = std::min(tiles, sms), p.shared_tiles = 0;
+  return p;
+}
+
+WgmmaPlan shared_tiles(WgmmaPlan p, int tiles, int sms) {  // stream-K: whole rounds but the last two, then shares
+  WgWork& w = p.work;
+  w.splits = 1, w.whole_rounds = std::max(tiles / sms - 1, 0);
+  p.shared_tiles = tiles - w.whole_rounds * sms;
+  w.shared_units = p.shared_tiles * w.k_stages;
+  w.units_per_block = std::max((w.shared_units + sms - 1) / sms, std::min(w.k_stages, kMinRun));
+  p.grid = w.whole_rounds > 0 ? sms : (w.shared_units + w.units_per_block - 1) / w.units_per_block;
+  return p;
+}
+
+WgmmaPlan k_splits(WgmmaPlan p, int tiles, int splits) {
+  WgWork& w = p.work;
+  w.units_per_block = (w.k_stages + splits - 1) / splits;
+  w.splits = (w.k_stages + w.units_per_block - 1) / w.units_per_block;
+  w.whole_rounds = w.shared_units = 0;
+  p.grid = tiles * w.splits, p.shared_tiles = 0;
+  return p;
+}
+
 WgmmaPlan plan_wgmma(int M, int K, int N, const DeviceInfo& device) {
   const int sms = device.sms;
   WgmmaPlan p;
@@ -571,32 +597,41 @@ WgmmaPlan plan_wgmma(int M, int K, int N, const DeviceInfo& device) {
   // was split only where the splits filled 90% of the SMs.
   constexpr int kSplitSlack = 8;
   const int split_run = (w.k_stages + splits - 1) / splits, shared_run = (tiles * w.k_stages + sms - 1) / sms;
-  if (splits > 1 && split_run <= shared_run + kSplitSlack) {
-    w.units_per_block = split_run;
-    w.splits = (w.k_stages + w.units_per_block - 1) / w.units_per_block;
-    w.whole_rounds = w.shared_units = 0;
-    p.grid = tiles * w.splits, p.shared_tiles = 0;
-    return p;
-  }
-  w.splits = 1;
-  // Whole tiles only where the last round is full or nearly, or where a tile group's activations (kGroupM row
-  // tiles of all of K) do not fit in L2: the blocks of a round start their tiles together and walk K in step, so
-  // each activation row is read from memory once a group; shared runs start at any k, out of step, and read the
-  // activations again (70B-down, K = 28672, M = 2048: 256-row tiles, 8 x 14.7 MB of a group against a 60 MB L2;
-  // stream-K 1752 us against cuBLAS's 1439, benchmarks/results/2026-12-02-dense-threshold-settled.log).
+  if (splits > 1 && split_run <= shared_run + kSplitSlack) return k_splits(p, tiles, splits);
+  // Whole tiles in rounds where a tile group's activations (kGroupM row tiles of all of K) do not fit in L2: the
+  // blocks of a round start their tiles together and walk K in step, so each activation row is read from memory
+  // once a group; shared runs start at any k, out of step, and read the activations again (70B-down, K = 28672,
+  // M = 2048: 256-row tiles, 8 x 14.7 MB of a group against a 60 MB L2; stream-K 1752 us against cuBLAS's 1439,
+  // benchmarks/results/2026-12-02-dense-threshold-settled.log).
   constexpr int kActivationBytes = 2;  // fp16 / bf16
   const int64_t group_activation_bytes = (int64_t)std::min((M + p.bm - 1) / p.bm, kGroupM) * p.bm * K * kActivationBytes;
-  if (tiles % sms == 0 || 10 * (tiles % sms) >= 9 * sms || group_activation_bytes > device.l2_bytes) {
-    w.whole_rounds = (tiles + sms - 1) / sms, w.shared_units = 0, w.units_per_block = 1;
-    p.grid = std::min(tiles, sms), p.shared_tiles = 0;
-    return p;
+  if (group_activation_bytes > device.l2_bytes) return whole_tiles(p, tiles, sms);
+  if (tiles < sms) {  // one round, part-empty: whole tiles only where it is at least 90% full
+    return 10 * tiles >= 9 * sms ? whole_tiles(p, tiles, sms) : shared_tiles(p, tiles, sms);
   }
-  w.whole_rounds = std::max(tiles / sms - 1, 0);
-  p.shared_tiles = tiles - w.whole_rounds * sms;
-  w.shared_units = p.shared_tiles * w.k_stages;
-  w.units_per_block = std::max((w.shared_units + sms - 1) / sms, std::min(w.k_stages, kMinRun));
-  p.grid = w.whole_rounds > 0 ? sms : (w.shared_units + w.units_per_block - 1) / w.units_per_block;
-  return p;
+  // Past one round, the plan whose cost, in stage times of a block, is least. Whole rounds: the rounds x the
+  // stages of a tile. Stream-K: a block's share, plus what sharing costs, which varied from a sixth of a round to
+  // two thirds (bf16, H100, all plans timed in turn on 29 cells of the six Llama layers at M = 288..4096,
+  // benchmarks/results/2026-12-06-wgmma-plans.md: 70B-qkv at M = 2048 and 4096, 256-row tiles, the most; 7B-down
+  // at 1152 and 3072 the least), taken as a third: a round a third empty or less runs whole (70B-qkv at M = 2048,
+  // 4.85 rounds: 478 us whole against 530 shared). K splits, in rounds of tiles x splits runs (blocks past the
+  // SMs start as others end, the splits of a round in step): the rounds x a split's stages, plus the fp32 partial
+  // sums that the splits write and the second kernel reads (8 bytes a split and output element at 3 TB/s, a stage
+  // taking 5.8 ns a row of the tile: within 1% of the measured times); taken only where they beat stream-K
+  // at its least cost, a sixth of a round, as sharing's cost is the one that varies (70B-down at M = 576, 192 tiles
+  // of 224 stages: 2 splits in 3 rounds 398 us, shared 456, whole 494; 7B-down at M = 1152, 192 tiles of 86
+  // stages: 179 split, 163 shared).
+  const double rounds = (double)tiles / sms, whole_cost = (double)((tiles + sms - 1) / sms) * w.k_stages;
+  const double stream_k_cost = (rounds + 1.0 / 3) * w.k_stages;
+  double best_split_cost = std::min(whole_cost, (rounds + 1.0 / 6) * w.k_stages);
+  int best_splits = 1;
+  for (int s = 2; s <= 4 && (w.k_stages + s - 1) / s >= kMinRun; ++s) {
+    const double sum_ns = 8.0 * s * M * N / 3000, stage_ns = 5.8 * p.bm;
+    const double cost = (double)((tiles * s + sms - 1) / sms) * ((w.k_stages + s - 1) / s) + sum_ns / stage_ns;
+    if (cost < best_split_cost) best_split_cost = cost, best_splits = s;
+  }
+  if (best_splits > 1) return k_splits(p, tiles, best_splits);
+  return whole_cost <= stream_k_cost ? whole_tiles(p, tiles, sms) : shared_tiles(p, tiles, sms);
 }
 
 // cuTensorMapEncodeTiled from the driver the runtime already loaded (the extension does not link libcuda).
