@@ -609,18 +609,21 @@ WgmmaPlan plan_wgmma(int M, int K, int N, const DeviceInfo& device) {
   if (tiles < sms) {  // one round, part-empty: whole tiles only where it is at least 90% full
     return 10 * tiles >= 9 * sms ? whole_tiles(p, tiles, sms) : shared_tiles(p, tiles, sms);
   }
-  // Past one round, the plan whose cost, in stage times of a block, is least. Whole rounds: the rounds x the
-  // stages of a tile. Stream-K: a block's share, plus what sharing costs, which varied from a sixth of a round to
-  // two thirds (bf16, H100, all plans timed in turn on 29 cells of the six Llama layers at M = 288..4096,
-  // benchmarks/results/2026-12-06-wgmma-plans.md: 70B-qkv at M = 2048 and 4096, 256-row tiles, the most; 7B-down
-  // at 1152 and 3072 the least), taken as a third: a round a third empty or less runs whole (70B-qkv at M = 2048,
-  // 4.85 rounds: 478 us whole against 530 shared). K splits, in rounds of tiles x splits runs (blocks past the
-  // SMs start as others end, the splits of a round in step): the rounds x a split's stages, plus the fp32 partial
-  // sums that the splits write and the second kernel reads (8 bytes a split and output element at 3 TB/s, a stage
-  // taking 5.8 ns a row of the tile: within 1% of the measured times); taken only where they beat stream-K
-  // at its least cost, a sixth of a round, as sharing's cost is the one that varies (70B-down at M = 576, 192 tiles
-  // of 224 stages: 2 splits in 3 rounds 398 us, shared 456, whole 494; 7B-down at M = 1152, 192 tiles of 86
-  // stages: 179 split, 163 shared).
+  // Past one round, the plan whose cost, in stage times of a block, is least (bf16, H100, every plan timed in turn
+  // on 27 cells of the six Llama layers at M = 288..4096: benchmarks/results/2026-12-06-wgmma-plans.md).
+  // - Whole rounds: the rounds x the stages of a tile.
+  // - Stream-K: a block's share, plus what sharing costs. That varied from a tenth of a round (7B-down at M = 3072
+  //   and 4096) to seven tenths (70B-qkv at M = 2048 and 4096, 256-row tiles), a quarter on most cells. It is taken
+  //   as a third, where the measured choice turns: a last round a third empty or less runs whole (70B-qkv at
+  //   M = 2048, 4.85 rounds: 478 us whole against 530 shared; 4096, 9.70: 980 against 1009), one 0.36 empty shares
+  //   (7B-qkv at 3072 and 70B-qkv at 1152).
+  // - K splits, in rounds of tiles x splits blocks (blocks past the SMs start as others end; the splits of a round
+  //   walk K in step): the rounds x a split's stages, plus the fp32 partial sums that the splits write and the
+  //   second kernel reads (8 bytes a split and output element at 3 TB/s, a stage taking 5.8 ns a row of the tile:
+  //   within 1% of the measured times). Taken only where they beat stream-K at a sixth of a round, as sharing's
+  //   cost is the one that varies: 70B-down at M = 576, 192 tiles of 224 stages: 2 splits in 3 rounds 398 us,
+  //   shared 456, whole 494; 7B-down at 1152, 192 tiles of 86 stages: split 170-179, shared 155-163 (0.17 of a
+  //   round).
   const double rounds = (double)tiles / sms, whole_cost = (double)((tiles + sms - 1) / sms) * w.k_stages;
   const double stream_k_cost = (rounds + 1.0 / 3) * w.k_stages;
   double best_split_cost = std::min(whole_cost, (rounds + 1.0 / 6) * w.k_stages);
