@@ -556,7 +556,8 @@ int block_rows(int M) {
 
 // The three ways to run a launch's tiles (see WgWork), set on a plan whose bm and k_stages are set.
 WgmmaPlan whole_tiles(WgmmaPlan p, int tiles, int sms) {
-  p.work.splits = 1, p.work.whole_rounds = (tiles + sms - 1) / sms, p.work.shared_units = 0, p.work.units_per_block = 1;
+  WgWork& w = p.work;
+  w.splits = 1, w.whole_rounds = (tiles + sms - 1) / sms, w.shared_units = 0, w.units_per_block = 1;
   p.grid = std::min(tiles, sms), p.shared_tiles = 0;
   return p;
 }
@@ -624,13 +625,15 @@ WgmmaPlan plan_wgmma(int M, int K, int N, const DeviceInfo& device) {
   //   cost is the one that varies: 70B-down at M = 576, 192 tiles of 224 stages: 2 splits in 3 rounds 398 us,
   //   shared 456, whole 494; 7B-down at 1152, 192 tiles of 86 stages: split 170-179, shared 155-163 (0.17 of a
   //   round).
+  constexpr double kSharingRounds = 1.0 / 3, kLeastSharingRounds = 1.0 / 6;
+  constexpr double kSumBytesPerNs = 3000, kStageNsPerRow = 5.8;
   const double rounds = (double)tiles / sms, whole_cost = (double)((tiles + sms - 1) / sms) * w.k_stages;
-  const double stream_k_cost = (rounds + 1.0 / 3) * w.k_stages;
-  double best_split_cost = std::min(whole_cost, (rounds + 1.0 / 6) * w.k_stages);
+  const double stream_k_cost = (rounds + kSharingRounds) * w.k_stages;
+  double best_split_cost = std::min(whole_cost, (rounds + kLeastSharingRounds) * w.k_stages);
   int best_splits = 1;
   for (int s = 2; s <= 4 && (w.k_stages + s - 1) / s >= kMinRun; ++s) {
-    const double sum_ns = 8.0 * s * M * N / 3000, stage_ns = 5.8 * p.bm;
-    const double cost = (double)((tiles * s + sms - 1) / sms) * ((w.k_stages + s - 1) / s) + sum_ns / stage_ns;
+    const double sum_stages = 8.0 * s * M * N / kSumBytesPerNs / (kStageNsPerRow * p.bm);
+    const double cost = (double)((tiles * s + sms - 1) / sms) * ((w.k_stages + s - 1) / s) + sum_stages;
     if (cost < best_split_cost) best_split_cost = cost, best_splits = s;
   }
   if (best_splits > 1) return k_splits(p, tiles, best_splits);
