@@ -368,6 +368,17 @@ def test_gpu_wgmma_k_splits_past_one_round(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_wgmma_stream_k_sums_taken_before_and_after_the_run(dtype):
+    """8192 x 10240 (70B-qkv) at M = 512: 160 tiles of 256 x 128, shared by 132 blocks in runs of 78 of a tile's 64
+    stages, so a tile's finishing block takes the next block's sums into its accumulators before its own run of the
+    tile; at M = 256, 80 tiles in runs of 39 stages, a tile is cut between up to three blocks, and the finishing block
+    adds their sums after its run. With zero points, act_order and a bias."""
+    qw = random_quantized_weight(8192, 10240, 128, sym=False, act_order=True, device="cuda", bias=True)
+    check_rows(qw, dtype, (256, 512))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", LLAMA_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_gpu_llama_shapes(dtype, shape):
     qw = random_quantized_weight(*shape, 128, sym=dtype == torch.float16, act_order=dtype == torch.bfloat16,

@@ -187,9 +187,10 @@ struct WgMaps {
 //   `units_per_block` k stages of the remaining tiles, cut across tile boundaries. A tile cut between blocks
 //   is finished by the block holding its first stages, which reaches them last in its run: the blocks
 //   holding the rest of the tile have written their fp32 sums by then (each its own slot of `partial`,
-//   counted on the tile's lock), and it adds them to its accumulators and writes the output. A block waits
-//   only for higher blocks, and hands its own sums over in its first shared run, before any wait of its
-//   own: so the waits end even when fewer SMs than blocks are free.
+//   counted on the tile's lock), and it adds them to its accumulators (before that run, where they are written
+//   well before it starts: see take_sums) and writes the output. A block waits only for higher blocks, and hands
+//   its own sums over in its first shared run, before any wait of its own: so the waits end even when fewer SMs
+//   than blocks are free.
 struct WgWork {
   int k_stages;         // 128-k stages of a tile
   int splits;           // k splits (1: whole rounds and shared tiles instead)
@@ -373,7 +374,7 @@ __global__ void __launch_bounds__(WgTile<BM>::kBlockThreads, 1)
   // A producer warp (a 17th warp, without setmaxnreg: 96 registers, spills) had gained 0-4% on stream-K and lost
   // 4-15% on the k splits (2026-12-02-wgmma-producer-warp.md).
   uint32_t ring = 0;  // stages this block has put through the ring
-  auto accumulate = [&](int stages) {
+  auto accumulate = [&](int stages, bool onto_sums) {  // (onto_sums: acc + the products)
     int slot = ring % C::kStages;
     uint32_t phase = (ring / C::kStages) & 1;  // of the slot's "full" barrier
     Fragments a_low, a_high;  // the two halves' register sets
@@ -384,7 +385,7 @@ __global__ void __launch_bounds__(WgTile<BM>::kBlockThreads, 1)
       WordConstants<T> consts;
       wait_barrier(&full[slot], phase);
       dequantize(st, 0, a_low, consts);
-      issue(descriptor_low, a_low, s == 0);
+      issue(descriptor_low, a_low, s == 0 && !onto_sums);
       wgmma_wait<1>();  // the previous stage's wgmmas are done: a_high and that stage are free
       if (s > 0) {
         // Order this thread's reads of the stage (generic proxy) before its refill (async proxy), as the PTX memory
@@ -439,10 +440,57 @@ __global__ void __launch_bounds__(WgTile<BM>::kBlockThreads, 1)
     release(last_slot);
   };
 
+  // Stream-K. A shared tile's sums go through per-block slots of `partial`: each thread's accumulators as float4s
+  // at a stride of the block, read back by the finishing block's thread of the same index (coalesced both ways, no
+  // layout to undo). This hand-over is dear: left out (timing only, wrong sums), calls of one or two rounds took
+  // 6-17% less time (bf16, H100: 70B-qkv M = 256 15%, 512 8%, 7B-qkv 384 and 512 10-12%; one idle producer warp
+  // releasing the sums in place of the consumers' fence gained only 1-2%;
+  // benchmarks/results/2026-12-06-wgmma-one-round.md). The finishing block takes the others' sums once all have
+  // arrived (`take_sums`): after its own run of the tile, onto its sums; or, where the rest of the tile is handed over
+  // well before that run starts (`take_early`), into its accumulators before it, for the wgmmas to add them, so that
+  // the blocks do not all read at the end: 0-2% less time there (median 1.1% on 9 cells; 7B-qkv M = 512 2.1%).
+  auto take_sums = [&](int tile, bool before_run) {
+    int32_t* lock = args.locks + (tile - first_shared);
+    const int last = ((tile - first_shared + 1) * work.k_stages - 1) / work.units_per_block;  // holds the tile's end
+    if (tid == 0) {
+      while (load_acquire(lock) < last - (int)blockIdx.x) __nanosleep(64);
+      *lock = 0;  // every part has arrived: ready for the next call
+    }
+    sync_consumers();
+    auto sums_of = [&](int b, int j) {  // block b's float4 j / 4 of this thread
+      return __ldcg(args.partial + ((size_t)b * (C::kAcc / 4) + j / 4) * C::kThreads + tid);
+    };
+    if (before_run) {  // (the next block's sums only, see take_early)
+      // No wgmma group is open here, but without this wait ptxas cannot tell, and accumulators written by other
+      // instructions make it serialize every wgmma of the kernel (C7515): 10-34% more time.
+      wgmma_wait<0>();
+#pragma unroll
+      for (int j = 0; j < C::kAcc; j += 4) {
+        const float4 v = sums_of(blockIdx.x + 1, j);
+        acc[j] = v.x, acc[j + 1] = v.y, acc[j + 2] = v.z, acc[j + 3] = v.w;
+      }
+      return;
+    }
+    for (int b = blockIdx.x + 1; b <= last; ++b) {
+#pragma unroll
+      for (int j = 0; j < C::kAcc; j += 4) {
+        const float4 v = sums_of(b, j);
+        acc[j] += v.x, acc[j + 1] += v.y, acc[j + 2] += v.z, acc[j + 3] += v.w;
+      }
+    }
+  };
+  // A run holding a shared tile's first stages is its block's last run. Where a block's run is longer than a tile,
+  // only the next block holds the rest of the tile, as its first run, which ends units_per_block - k_stages stages
+  // before this run starts: taken early where that is kTakeEarlySlack stages or more.
+  constexpr int kTakeEarlySlack = 4;
+  const bool take_early = !kSplits && work.units_per_block >= work.k_stages + kTakeEarlySlack;
+
   for_each_run([&](int tile, int k_first, int stages) {
     int m0, t0;
     tile_origin(tile, m0, t0);
-    const int last_slot = accumulate(stages);
+    const bool finishes_shared_tile = !kSplits && k_first == 0 && stages < work.k_stages;
+    if (finishes_shared_tile && take_early) take_sums(tile, true);
+    const int last_slot = accumulate(stages, finishes_shared_tile && take_early);
     if (kSplits || k_first > 0) release(last_slot);  // (the others stage their output in it)
 
     if constexpr (kSplits) {  // one k split of one tile: partial sums [split][M][N] for the second kernel
@@ -456,10 +504,6 @@ __global__ void __launch_bounds__(WgTile<BM>::kBlockThreads, 1)
       return;
     }
 
-    // Stream-K. A shared tile's sums go through per-block slots of `partial`: each thread's accumulators as float4s
-    // at a stride of the block, read back by the finishing block's thread of the same index (coalesced both ways, no
-    // layout to undo).
-    int32_t* lock = args.locks + (tile - first_shared);
     if (k_first > 0) {  // the tile's first stages are another block's: hand the sums over to it
       float4* slot = args.partial + (size_t)blockIdx.x * (C::kAcc / 4) * C::kThreads;
 #pragma unroll
@@ -467,25 +511,10 @@ __global__ void __launch_bounds__(WgTile<BM>::kBlockThreads, 1)
         __stcg(slot + j / 4 * C::kThreads + tid, make_float4(acc[j], acc[j + 1], acc[j + 2], acc[j + 3]));
       __threadfence();
       sync_consumers();
-      if (tid == 0) atomicAdd(lock, 1);
+      if (tid == 0) atomicAdd(args.locks + (tile - first_shared), 1);
       return;
     }
-    if (stages < work.k_stages) {  // blocks blockIdx.x + 1 .. last hold the tile's other stages
-      const int last = ((tile - first_shared + 1) * work.k_stages - 1) / work.units_per_block;
-      if (tid == 0) {
-        while (load_acquire(lock) < last - (int)blockIdx.x) __nanosleep(64);
-        *lock = 0;  // every part has arrived: ready for the next call
-      }
-      sync_consumers();
-      for (int b = blockIdx.x + 1; b <= last; ++b) {
-        const float4* slot = args.partial + (size_t)b * (C::kAcc / 4) * C::kThreads;
-#pragma unroll
-        for (int j = 0; j < C::kAcc; j += 4) {
-          const float4 v = __ldcg(slot + j / 4 * C::kThreads + tid);
-          acc[j] += v.x, acc[j + 1] += v.y, acc[j + 2] += v.z, acc[j + 3] += v.w;
-        }
-      }
-    }
+    if (finishes_shared_tile && !take_early) take_sums(tile, false);
     store_output(m0, t0, last_slot);
   });
 #else
