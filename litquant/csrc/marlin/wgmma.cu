@@ -481,7 +481,11 @@ __global__ void __launch_bounds__(WgTile<BM>::kBlockThreads, 1)
   };
   // A run holding a shared tile's first stages is its block's last run. Where a block's run is longer than a tile,
   // only the next block holds the rest of the tile, as its first run, which ends units_per_block - k_stages stages
-  // before this run starts: taken early where that is kTakeEarlySlack stages or more.
+  // before this run starts: taken early where that is kTakeEarlySlack stages or more. Where two blocks hold the rest
+  // (70B-qkv at M = 128..256, 7B-down at 480 and 576), taking the tile end's sums early too, with a lock that told
+  // them apart, was 0-3% slower (H100, benchmarks/results/2026-12-06-wgmma-tile-end-early-ab.log): the finishing
+  // block hardly waits for the other's sums after its run (0.5 us, 2026-12-06-wgmma-stream-k-timeline.md), so there
+  // is no wait for the early load to hide in.
   constexpr int kTakeEarlySlack = 4;
   const bool take_early = !kSplits && work.units_per_block >= work.k_stages + kTakeEarlySlack;
 
