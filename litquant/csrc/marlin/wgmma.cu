@@ -99,6 +99,9 @@ struct WgTile {
   // multiply. The registers follow the work (setmaxnreg): the producer gives back all but 24 a thread, and the
   // consumers take the rest: launched at 96 a thread (640 threads), 112 (the 64-row kernels used 90-105 before the
   // producer, none spill); launched at 168 (384 threads), 240 (the 256-row kernels use up to 237, none spill).
+  // The counts must balance: the consumers' increase takes only what the producer gave back to the block's pool
+  // (at 168, 128 x 144 registers freed for 256 x 72 taken; a producer of 32 leaves 1024 short, and with it the
+  // marlin GPU tests hung: benchmarks/results/2026-12-06-wgmma-releaser-hang.log).
   static constexpr int kBlockThreads = kThreads + 128;
   static constexpr int kProducerRegisters = 24, kConsumerRegisters = kThreads == 512 ? 112 : 240;
   static constexpr int kWarpgroups = kThreads / 128;
