@@ -133,3 +133,23 @@ def test_an_installed_wheel_carries_every_cuda_source(tmp_path):
     assert Path(found_in) == installed
     files = [Path(f) for f in json.loads(files)]
     assert {f.parent for f in files} == {installed / "marlin"} and installed / "marlin" / "marlin.cu" in files
+
+
+def test_sass_script_finds_the_wgmma_main_loops():
+    """scripts/marlin_wgmma_sass.py on a made-up listing: a loop closes with a backward branch, and only an inner loop
+    holding the stage's wgmmas counts; the ptxas report's spills go with the kernel compiled just before them."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("marlin_wgmma_sass",
+                                                  Path(__file__).parents[1] / "scripts" / "marlin_wgmma_sass.py")
+    sass_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sass_script)
+    name = "_ZN15litquant_marlin19marlin_wgmma_kernelI13__nv_bfloat16Li160ELi1ELb1ELb0EEEvNS_8GemmArgsE"
+    body = ["NOP"] * 2 + ["HGMMA.64x160x16.F32.BF16 R24, R120, gdesc[UR12], R24"] * 4 + ["@!P0 BRA 0x10"]
+    body += ["IADD3 R1, R1, 0x1, RZ", "BRA 0x70"]  # a loop without wgmmas: not the main loop
+    listing = "\t\tFunction : " + name + "\n" + "".join(
+        f"        /*{16 * i:04x}*/                   {ins} ;  /* 0x000 */\n" for i, ins in enumerate(body))
+    key = ("bf16", 160, 1, True, False)
+    assert sass_script.main_loops(listing) == {key: [6]}  # instructions 1..6, closed by the branch back to 0x10
+    report = f"ptxas info    : Compiling entry function '{name}' for 'sm_90a'\n" \
+             "ptxas info    : Used 168 registers, 8 bytes stack frame, 16 bytes spill stores, 16 bytes spill loads\n"
+    assert sass_script.spills(report) == {key: "16/16"}

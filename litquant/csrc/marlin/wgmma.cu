@@ -446,8 +446,7 @@ __global__ void __launch_bounds__(WgTile<BM>::kBlockThreads, 1)
   // Stream-K. A shared tile's sums go through per-block slots of `partial`: each thread's accumulators as float4s
   // at a stride of the block, read back by the finishing block's thread of the same index (coalesced both ways, no
   // layout to undo). This hand-over is dear: left out (timing only, wrong sums), calls of one or two rounds took
-  // 6-17% less time (bf16, H100: 70B-qkv M = 256 15%, 512 8%, 7B-qkv 384 and 512 10-12%; one idle producer warp
-  // releasing the sums in place of the consumers' fence gained only 1-2%;
+  // 6-17% less time (bf16, H100: 70B-qkv M = 256 15%, 512 8%, 7B-qkv 384 and 512 10-12%;
   // benchmarks/results/2026-12-06-wgmma-one-round.md). The finishing block takes the others' sums once all have
   // arrived (`take_sums`): after its own run of the tile, onto its sums; or, where the rest of the tile is handed over
   // well before that run starts (`take_early`), into its accumulators before it, for the wgmmas to add them, so that
@@ -516,9 +515,16 @@ __global__ void __launch_bounds__(WgTile<BM>::kBlockThreads, 1)
 #pragma unroll
       for (int j = 0; j < C::kAcc; j += 4)
         __stcg(slot + j / 4 * C::kThreads + tid, make_float4(acc[j], acc[j + 1], acc[j + 2], acc[j + 3]));
-      __threadfence();
+      // Released by one thread's add after the consumers' barrier, which orders every consumer's stores before it
+      // (the release is cumulative: PTX ISA, memory consistency model), so that only warp 0 waits for the stores to
+      // land. A fence by every consumer before the add took 0.5-1.4% more time where stream-K hands sums over
+      // (H100, bf16 and fp16: 7B-qkv M = 384 and 512, 70B-qkv, 7B-up; benchmarks/results/
+      // 2026-12-07-wgmma-handover-release-ab.log). Handing the release to an idle producer warp instead (sessions
+      // 85-87) saved about as much there but was 2-6% slower at M = 640 in bf16, on every layer, whole tiles too:
+      // any branch added to the producer's code made ptxas schedule the 32..192-row main loops with 6-8 more
+      // instructions (scripts/marlin_wgmma_sass.py).
       sync_consumers();
-      if (tid == 0) atomicAdd(args.locks + (tile - first_shared), 1);
+      if (tid == 0) add_acq_rel(args.locks + (tile - first_shared), 1);
       return;
     }
     if (finishes_shared_tile && !take_early) take_sums(tile, false);
