@@ -41,14 +41,15 @@ def kernel_key(name: re.Match) -> tuple:
     return "bf16" if "bfloat" in dtype else "fp16", int(rows), int(group_rows), zeros == "1", splits == "1"
 
 
-def compile_folder(folder: Path, work: Path) -> tuple:
-    """(SASS text, ptxas report) of the folder's wgmma.cu for sm_90a."""
-    obj = work / f"{abs(hash(str(folder)))}.o"
-    report = subprocess.run(["nvcc", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-DLITQUANT_TARGET_ARCH=90",
-                             "-Xptxas", "-v", "-c", str(folder / "wgmma.cu"), "-o", str(obj)],
-                            capture_output=True, text=True, check=True).stderr
+def compile_folder(folder: Path, obj: Path) -> tuple:
+    """(SASS text, ptxas report) of the folder's wgmma.cu for sm_90a, compiled to `obj`."""
+    done = subprocess.run(["nvcc", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-DLITQUANT_TARGET_ARCH=90",
+                           "-Xptxas", "-v", "-c", str(folder / "wgmma.cu"), "-o", str(obj)],
+                          capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"nvcc could not compile {folder / 'wgmma.cu'}:\n{done.stderr}")
     sass = subprocess.run([cuobjdump(), "-sass", str(obj)], capture_output=True, text=True, check=True).stdout
-    return sass, report
+    return sass, done.stderr
 
 
 def main_loops(sass: str) -> dict:
@@ -88,8 +89,8 @@ def main() -> None:
     folders = [Path(f) for f in (args[0].split(",") if args else ["litquant/csrc/marlin"])]
     results = defaultdict(dict)
     with tempfile.TemporaryDirectory() as work:
-        for folder in folders:
-            sass, report = compile_folder(folder, Path(work))
+        for i, folder in enumerate(folders):
+            sass, report = compile_folder(folder, Path(work) / f"{i}.o")
             spilled = spills(report)
             for key, lengths in main_loops(sass).items():
                 spill = f" (spills {spilled[key]})" if key in spilled else ""
