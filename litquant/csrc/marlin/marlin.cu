@@ -278,8 +278,11 @@ __global__ void __launch_bounds__(Tile<MB, TK, TN>::kThreads, 1) marlin_gemm_ker
 #pragma unroll
             for (int s = 0; s < 8; ++s)
               __stcg(slot + (m * 8 + s) * 32 + lane, make_float4(acc[m][s][0], acc[m][s][1], acc[m][s][2], acc[m][s][3]));
-          __threadfence();
         }
+        // The barrier orders every writer's stores before thread 0's add, whose release is cumulative (as in
+        // wgmma.cu's hand-over). A fence by each writer warp first took up to 2% more time on the small layers
+        // (the Ampere build on an H100, M = 48..128:
+        // benchmarks/results/2026-12-07-marlin-ampere-handover-release-ab.log).
         __syncthreads();
         if (tid == 0) add_acq_rel(args.locks + col, 1);
       } else {
